@@ -1,0 +1,26 @@
+"""Shared test fixtures: where the repo and the workplace's ../shared folder live."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+TIKTOKEN_CACHE = SHARED / "tiktoken_cache"
+SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
+
+sys.path.insert(0, str(REPO))
+
+# The GPT-2 BPE is served offline from ../shared when it is there (tiktoken reads this variable).
+if TIKTOKEN_CACHE.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+
+needs_bpe = pytest.mark.skipif(
+    not TIKTOKEN_CACHE.is_dir() and "TIKTOKEN_CACHE_DIR" not in os.environ,
+    reason="needs the GPT-2 BPE offline: ../shared/tiktoken_cache is absent and there is no network",
+)
+needs_shakespeare = pytest.mark.skipif(
+    not SHAKESPEARE.is_file(),
+    reason="needs ../shared/data/tinyshakespeare.txt (the real corpus; it is not committed)",
+)

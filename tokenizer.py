@@ -1,0 +1,231 @@
+"""
+The tokenizers and the on-disk dataset format, in one place.
+
+A prepared dataset is a folder holding
+    train.bin, val.bin  token ids as flat uint16 arrays (read them with np.memmap(path, dtype=np.uint16, mode="r"))
+    meta.json           which tokenizer made them:
+                        {"tokenizer": "gpt2" | "char", "vocab_size": int,
+                         "chars": "<every character in id order>"   (char only),
+                         "tokens": {"train": int, "val": int}, ...any extra keys}
+
+The prepare_*.py scripts write this format with write_tokens_atomically / token_memmap_writer and
+write_meta; training and sampling read it back with read_meta and tokenizer_from_meta.
+"""
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+EOT_TOKEN = 50256  # GPT-2's <|endoftext|>, written after every document
+GPT2_VOCAB_SIZE = 50257
+TOKEN_DTYPE = np.uint16  # every id of both tokenizers fits in 16 bits, halving the files
+META_FILENAME = "meta.json"
+
+# tiktoken downloads r50k_base from this address and caches it under the SHA-1 of the address.
+# r50k_base is the GPT-2 encoding under another name: same ranks, split pattern and <|endoftext|>.
+R50K_BASE_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+
+OFFLINE_HELP = (
+    "The GPT-2 BPE could not be loaded: tiktoken downloads it on first use and there seems to be no network. "
+    "To run offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached r50k_base (or gpt2) files, "
+    "e.g. on a machine with network run\n"
+    "    TIKTOKEN_CACHE_DIR=/some/folder python -c \"import tiktoken; tiktoken.get_encoding('r50k_base')\"\n"
+    "then copy /some/folder here and export TIKTOKEN_CACHE_DIR=/path/to/that/folder."
+)
+
+
+class TokenizerUnavailableError(RuntimeError):
+    """The GPT-2 BPE is neither in tiktoken's cache nor downloadable."""
+
+
+# -----------------------------------------------------------------------------
+# GPT-2 BPE
+
+def _tiktoken_cache_dir():
+    # Same lookup order as tiktoken.load.read_file_cached.
+    for variable in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        if variable in os.environ:
+            return os.environ[variable]
+    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
+
+
+def _r50k_base_is_cached():
+    cache_dir = _tiktoken_cache_dir()
+    cache_key = hashlib.sha1(R50K_BASE_URL.encode()).hexdigest()
+    return bool(cache_dir) and os.path.isfile(os.path.join(cache_dir, cache_key))
+
+
+@functools.lru_cache(maxsize=None)
+def gpt2_encoding():
+    """The GPT-2 BPE as a tiktoken Encoding (its .name may be "gpt2" or "r50k_base": the same encoding).
+
+    If r50k_base is already in tiktoken's cache it is loaded first, so no network is touched at all;
+    otherwise "gpt2" is tried (downloaded or read from the cache), then "r50k_base". tiktoken's
+    downloads have no timeout: where DNS fails (the usual offline case) they fail in well under a
+    second, but a network that silently drops packets can stall them, hence the cached path first.
+    """
+    import tiktoken  # here, so character-level work does not need tiktoken installed
+
+    names = ["r50k_base"] if _r50k_base_is_cached() else ["gpt2", "r50k_base"]
+    failures = []
+    for name in names:
+        try:
+            encoding = tiktoken.get_encoding(name)
+        except Exception as err:  # requests' ConnectionError, a hash mismatch, ...: try the next name
+            failures.append(f"{name}: {type(err).__name__}: {err}")
+            continue
+        if encoding.eot_token != EOT_TOKEN or encoding.n_vocab != GPT2_VOCAB_SIZE:
+            failures.append(f"{name}: unexpected eot {encoding.eot_token} / vocab size {encoding.n_vocab}")
+            continue
+        return encoding
+    raise TokenizerUnavailableError(OFFLINE_HELP + "\nWhat failed:\n  " + "\n  ".join(failures))
+
+
+class GPT2Tokenizer:
+    """GPT-2 BPE with the same small interface as CharTokenizer."""
+
+    kind = "gpt2"
+
+    def __init__(self):
+        self.encoding = gpt2_encoding()
+        self.vocab_size = self.encoding.n_vocab  # 50257
+        self.eot = EOT_TOKEN
+
+    def encode(self, text):
+        # encode_ordinary: a literal "<|endoftext|>" in the text is plain text, never the special token
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids):
+        return self.encoding.decode(list(ids))
+
+
+# -----------------------------------------------------------------------------
+# character level
+
+class CharTokenizer:
+    """One id per character; `chars` lists the vocabulary in id order."""
+
+    kind = "char"
+    eot = None  # character-level data has no end-of-text token
+
+    def __init__(self, chars):
+        if len(set(chars)) != len(chars):
+            raise ValueError("CharTokenizer: the vocabulary string has repeated characters")
+        self.chars = chars
+        self.vocab_size = len(chars)
+        self.stoi = {ch: i for i, ch in enumerate(chars)}
+
+    def encode(self, text):
+        try:
+            return [self.stoi[ch] for ch in text]
+        except KeyError:
+            unknown = sorted(set(text) - self.stoi.keys())
+            raise ValueError(
+                f"characters not in the vocabulary: {', '.join(map(repr, unknown))}. "
+                f"This model is character-level and only knows the {self.vocab_size} characters "
+                f"of its training text."
+            ) from None
+
+    def decode(self, ids):
+        try:
+            return "".join(self.chars[i] for i in ids)
+        except IndexError:
+            raise ValueError(f"a token id is outside the vocabulary of {self.vocab_size} characters") from None
+
+
+# -----------------------------------------------------------------------------
+# meta.json
+
+def _check_meta(meta, where):
+    """Raise ValueError, naming `where`, unless meta follows the contract in the module docstring."""
+    def bad(problem):
+        return ValueError(f"{where}: {problem}")
+
+    if not isinstance(meta, dict):
+        raise bad(f"expected a JSON object, got {type(meta).__name__}")
+    kind = meta.get("tokenizer")
+    if kind not in ("gpt2", "char"):
+        raise bad(f'"tokenizer" must be "gpt2" or "char", got {kind!r}')
+    if not isinstance(meta.get("vocab_size"), int):
+        raise bad('"vocab_size" must be an integer')
+    tokens = meta.get("tokens")
+    if not (isinstance(tokens, dict) and all(isinstance(tokens.get(split), int) for split in ("train", "val"))):
+        raise bad('"tokens" must be {"train": int, "val": int}')
+    if kind == "char":
+        chars = meta.get("chars")
+        if not isinstance(chars, str) or len(chars) != meta["vocab_size"]:
+            raise bad('a "char" dataset needs "chars", a string of vocab_size characters')
+
+
+def write_meta(data_dir, meta):
+    """Write data_dir/meta.json atomically (a temporary file, then os.replace), after checking it."""
+    path = Path(data_dir) / META_FILENAME
+    _check_meta(meta, f"refusing to write {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_meta(data_dir):
+    """Read and check data_dir/meta.json; errors name the file."""
+    path = Path(data_dir) / META_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: prepare the dataset first (prepare_openwebtext.py or prepare_char.py write it)"
+        )
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    _check_meta(meta, str(path))
+    return meta
+
+
+def tokenizer_from_meta(meta):
+    """The tokenizer a dataset was made with: a CharTokenizer or a GPT2Tokenizer."""
+    _check_meta(meta, "meta")
+    return CharTokenizer(meta["chars"]) if meta["tokenizer"] == "char" else GPT2Tokenizer()
+
+
+# -----------------------------------------------------------------------------
+# token files
+
+@contextmanager
+def token_memmap_writer(path, num_tokens):
+    """Yield a writable uint16 memmap of num_tokens ids that becomes `path` only if the block completes.
+
+    The array lives at path + ".tmp" while it is filled; on success it is flushed and renamed over
+    `path`, on any error (or Ctrl-C) the temporary file is deleted. So a .bin file that exists is
+    always complete. Use it to fill a large file piece by piece:
+
+        with token_memmap_writer("data/x/train.bin", n) as arr:
+            arr[0:k] = first_ids
+            ...
+    """
+    if num_tokens <= 0:
+        raise ValueError(f"refusing to write an empty token file {path}")
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    arr = np.memmap(tmp, dtype=TOKEN_DTYPE, mode="w+", shape=(num_tokens,))
+    try:
+        yield arr
+        arr.flush()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def write_tokens_atomically(path, ids):
+    """Write a sequence of token ids (each < 65536) to `path` as uint16, via a temporary file and a rename."""
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(TOKEN_DTYPE).max):
+        raise ValueError(f"token ids must be in [0, 65535] to be stored as uint16 in {path}")
+    with token_memmap_writer(path, ids.size) as arr:
+        arr[:] = ids
