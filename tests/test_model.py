@@ -1,0 +1,318 @@
+"""model.py: parameter counts, causality, the paper's equations, equivalences between variants,
+KV-cached generation, FLOP counts and input validation."""
+
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from model import ATTENTION_VARIANTS, GPT, GPTConfig, SuperAttention
+
+TINY = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, bias=True)
+
+
+def tiny_model(attention, seed=0, random_alignment=True, **overrides):
+    """A small model; super gets a random lower-triangular W^A and bias, so it is not just efficient."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**TINY, **overrides, "attention": attention}))
+    if attention == "super" and random_alignment:
+        with torch.no_grad():
+            for block in model.transformer.h:
+                block.attn.align_weight.copy_(torch.randn_like(block.attn.align_weight).tril() * 0.3)
+                block.attn.align_bias.normal_()
+    return model.eval()
+
+
+def random_tokens(batch, length, seed=1, vocab=TINY["vocab_size"]):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------- parameter counts
+
+GPT2_SHAPE = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, bias=True)
+
+
+@pytest.mark.parametrize(
+    "attention, layer_params, model_params",
+    [
+        ("standard", 2_362_368, 124_439_808),
+        ("optimized", 1_771_776, 117_352_704),
+        ("efficient", 1_181_184, 110_265_600),
+        # free lower-triangular entries of W^A (1024*1025/2) and its bias, per layer
+        ("super", 1_181_184 + 524_800 + 1_024, 110_265_600 + 12 * (524_800 + 1_024)),
+    ],
+)
+def test_parameter_counts_at_gpt2_124m_shape(attention, layer_params, model_params):
+    with torch.device("meta"):  # shapes only: no memory, no init time
+        model = GPT(GPTConfig(**GPT2_SHAPE, attention=attention))
+    assert model.get_num_attention_params() == layer_params
+    assert model.get_num_params(non_embedding=False) == model_params
+    assert model.get_num_params() == model_params - 1024 * 768  # minus the position embedding
+
+
+def test_paper_model_sizes_round_to_124m_117m_110m():
+    sizes = []
+    for attention in ("standard", "optimized", "efficient"):
+        with torch.device("meta"):
+            sizes.append(round(GPT(GPTConfig(**GPT2_SHAPE, attention=attention)).get_num_params(False) / 1e6))
+    assert sizes == [124, 117, 110]
+
+
+# ----------------------------------------------------------------------------- the paper's equations
+
+def reference_attention(attn, x):
+    """The paper's per-head equations written out literally, one head at a time, for one sequence."""
+    T, d = x.shape
+    h = attn.n_head
+    dk = d // h
+    W, b = attn.c_attn.weight, attn.c_attn.bias
+    Q = x @ W[:d].T + b[:d]
+    K = x @ W[d : 2 * d].T + b[d : 2 * d] if attn.n_learned_inputs >= 2 else x
+    V = x @ W[2 * d :].T + b[2 * d :] if attn.n_learned_inputs == 3 else x
+    if isinstance(attn, SuperAttention):
+        V = attn.align_weight[:T, :T] @ V + attn.align_bias[:T, None]  # V' = W^A V + b
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    heads = []
+    for i in range(h):
+        cols = slice(i * dk, (i + 1) * dk)
+        scores = Q[:, cols] @ K[:, cols].T / math.sqrt(dk)
+        heads.append(torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ V[:, cols])
+    return attn.c_proj(torch.cat(heads, dim=1))
+
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_attention_matches_the_papers_equations(attention):
+    model = tiny_model(attention)
+    attn = model.transformer.h[0].attn
+    x = torch.randn(3, 11, TINY["n_embd"], generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = attn(x)
+        for seq in range(x.size(0)):
+            torch.testing.assert_close(ours[seq], reference_attention(attn, x[seq]), atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- causality
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_future_tokens_do_not_change_past_logits(attention):
+    model = tiny_model(attention)
+    idx = random_tokens(2, TINY["block_size"])
+    t = 6
+    changed = idx.clone()
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 1) % TINY["vocab_size"]
+    with torch.no_grad():
+        logits, _ = model(idx, all_logits=True)
+        logits_changed, _ = model(changed, all_logits=True)
+    torch.testing.assert_close(logits[:, : t + 1], logits_changed[:, : t + 1], atol=0, rtol=0)
+    assert not torch.allclose(logits[:, t + 1 :], logits_changed[:, t + 1 :])
+
+
+def test_super_ignores_the_upper_triangle_of_its_kernel():
+    model = tiny_model("super")
+    idx = random_tokens(2, 12)
+    with torch.no_grad():
+        before, _ = model(idx, all_logits=True)
+        for block in model.transformer.h:
+            block.attn.align_weight.add_(torch.ones(TINY["block_size"], TINY["block_size"]).triu(1))
+        after, _ = model(idx, all_logits=True)
+    torch.testing.assert_close(before, after, atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------- equivalences
+
+def standard_equivalent_of(model):
+    """A standard-attention model with `model`'s weights, and identities where `model` has no W^K / W^V."""
+    d = model.config.n_embd
+    standard = GPT(GPTConfig(**{**vars(model.config), "attention": "standard"})).eval()
+    state = {k: v for k, v in model.state_dict().items() if "align_" not in k}
+    eye, zero = torch.eye(d), torch.zeros(d)
+    for i, block in enumerate(model.transformer.h):
+        W, b = block.attn.c_attn.weight, block.attn.c_attn.bias
+        n = block.attn.n_learned_inputs
+        state[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat([W] + [eye] * (3 - n))
+        state[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat([b] + [zero] * (3 - n))
+    standard.load_state_dict(state)
+    return standard
+
+
+@pytest.mark.parametrize("attention", ["optimized", "efficient"])
+def test_variant_equals_standard_with_identity_projections(attention):
+    model = tiny_model(attention)
+    standard = standard_equivalent_of(model)
+    idx = random_tokens(3, 14)
+    with torch.no_grad():
+        ours, _ = model(idx, all_logits=True)
+        theirs, _ = standard(idx, all_logits=True)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_super_at_initialisation_equals_efficient():
+    sup = tiny_model("super", random_alignment=False)
+    efficient = tiny_model("efficient", random_alignment=False)
+    efficient.load_state_dict({k: v for k, v in sup.state_dict().items() if "align_" not in k})
+    for block in sup.transformer.h:
+        assert torch.equal(block.attn.align_weight, torch.eye(TINY["block_size"]))
+        assert torch.equal(block.attn.align_bias, torch.zeros(TINY["block_size"]))
+    idx = random_tokens(3, 14)
+    with torch.no_grad():
+        torch.testing.assert_close(sup(idx, all_logits=True)[0], efficient(idx, all_logits=True)[0], atol=1e-6, rtol=1e-6)
+
+
+def test_optimizer_keeps_the_upper_triangle_of_w_a_exactly_zero():
+    model = tiny_model("super", random_alignment=False).train()
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-2, betas=(0.9, 0.95), device_type="cpu")
+    idx = random_tokens(4, 16)
+    for _ in range(3):
+        _, loss = model(idx[:, :-1], targets=idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    for block in model.transformer.h:
+        W = block.attn.align_weight
+        assert torch.count_nonzero(W.triu(1)) == 0
+        assert not torch.equal(W.tril(), torch.eye(TINY["block_size"]))  # it did learn
+
+
+def test_weight_decay_groups():
+    model = tiny_model("super")
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decayed = {id(p) for p in optimizer.param_groups[0]["params"]}
+    assert optimizer.param_groups[0]["weight_decay"] == 0.1
+    assert optimizer.param_groups[1]["weight_decay"] == 0.0
+    attn = model.transformer.h[0].attn
+    assert id(attn.c_attn.weight) in decayed and id(model.lm_head.weight) in decayed
+    assert id(attn.align_weight) not in decayed and id(attn.c_attn.bias) not in decayed
+    n_in_groups = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+    assert n_in_groups == sum(p.numel() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- logits and cropping
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_all_logits_and_loss(attention):
+    model = tiny_model(attention)
+    idx = random_tokens(2, 10)
+    with torch.no_grad():
+        every, _ = model(idx, all_logits=True)
+        last, _ = model(idx)
+        with_targets, loss = model(idx[:, :-1], targets=idx[:, 1:])
+    assert every.shape == (2, 10, TINY["vocab_size"]) and last.shape == (2, 1, TINY["vocab_size"])
+    torch.testing.assert_close(last[:, 0], every[:, -1])
+    torch.testing.assert_close(with_targets, every[:, :-1], atol=1e-6, rtol=1e-6)
+    expected = F.cross_entropy(every[:, :-1].reshape(-1, TINY["vocab_size"]), idx[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_crop_block_size_keeps_short_sequences_unchanged(attention):
+    model = tiny_model(attention)
+    idx = random_tokens(2, 8)
+    with torch.no_grad():
+        before, _ = model(idx, all_logits=True)
+        model.crop_block_size(8)
+        after, _ = model(idx, all_logits=True)
+    torch.testing.assert_close(before, after, atol=0, rtol=0)
+    assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
+    if attention == "super":
+        assert model.transformer.h[0].attn.align_weight.shape == (8, 8)
+        assert model.transformer.h[0].attn.align_bias.shape == (8,)
+    with pytest.raises(ValueError, match="block_size is 8"):
+        model(random_tokens(1, 9))
+
+
+# ----------------------------------------------------------------------------- generation
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("sampling", [dict(top_k=1), dict(temperature=0.8), dict(temperature=1.3, top_k=5)])
+def test_cached_generation_equals_uncached_past_block_size(attention, sampling):
+    model = tiny_model(attention)
+    prompt = random_tokens(2, 5)
+    steps = 2 * TINY["block_size"]  # well past block_size: the window slides
+    torch.manual_seed(7)
+    cached = model.generate(prompt, steps, **sampling)
+    torch.manual_seed(7)
+    uncached = model.generate(prompt, steps, use_kv_cache=False, **sampling)
+    assert cached.shape == (2, 5 + steps)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_cached_logits_equal_recomputed_logits(attention):
+    """Feed a prefix, then tokens one at a time and in a chunk, through the cache."""
+    model = tiny_model(attention)
+    idx = random_tokens(2, 13)
+    with torch.no_grad():
+        full, _ = model(idx, all_logits=True)
+        cache = model.new_kv_cache()
+        pieces = [model(idx[:, :5], all_logits=True, kv_cache=cache)[0]]
+        for t in range(5, 9):
+            pieces.append(model(idx[:, t : t + 1], all_logits=True, kv_cache=cache)[0])
+        pieces.append(model(idx[:, 9:], all_logits=True, kv_cache=cache)[0])  # a chunk after a prefix
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_generate_rejects_bad_sampling_arguments():
+    model = tiny_model("efficient")
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(random_tokens(1, 3), 2, temperature=0)
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(random_tokens(1, 3), 2, top_k=0)
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_flop_estimate_matches_flop_counter(attention):
+    model = tiny_model(attention, n_embd=64, block_size=32, vocab_size=101).train()
+    B, T = 2, 32
+    idx = random_tokens(B, T + 1, vocab=101)
+    # FlopCounterMode counts the math attention kernel, not the fused CPU one
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        _, loss = model(idx[:, :-1], targets=idx[:, 1:])
+        loss.backward()
+    measured = counter.get_total_flops()
+    estimated = model.flops_per_token(T) * B * T
+    assert abs(estimated - measured) / measured < 0.05, (estimated, measured)
+    assert model.flops_per_token(T, backward=False) * 3 == model.flops_per_token(T)
+
+
+def test_flop_ratios_at_gpt2_shape():
+    flops = {}
+    for attention in ATTENTION_VARIANTS:
+        with torch.device("meta"):
+            flops[attention] = GPT(GPTConfig(**GPT2_SHAPE, attention=attention)).flops_per_token(1024)
+    ratios = {a: flops[a] / flops["standard"] for a in flops}
+    assert ratios["optimized"] == pytest.approx(0.95, abs=0.01)
+    assert ratios["efficient"] == pytest.approx(0.90, abs=0.01)
+    assert ratios["super"] == pytest.approx(0.97, abs=0.01)
+
+
+def test_estimate_mfu():
+    model = tiny_model("standard")
+    flops_per_iter = model.flops_per_token(16) * 16 * 4
+    assert model.estimate_mfu(4, dt=2.0, peak_flops=flops_per_iter) == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_config_errors_name_the_valid_choices():
+    with pytest.raises(ValueError, match="standard, optimized, efficient, super"):
+        GPTConfig(attention="fast")
+    with pytest.raises(ValueError, match="not divisible by n_head"):
+        GPTConfig(n_embd=100, n_head=12)
+
+
+def test_too_long_sequence_names_the_limit():
+    model = tiny_model("standard")
+    with pytest.raises(ValueError, match="block_size is 16"):
+        model(random_tokens(1, 17))
+
+
+def test_from_pretrained_refuses_other_variants():
+    with pytest.raises(ValueError, match="standard attention only"):
+        GPT.from_pretrained("gpt2", dict(attention="efficient"))
+    with pytest.raises(ValueError, match="gpt2, gpt2-medium"):
+        GPT.from_pretrained("gpt3")
