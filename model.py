@@ -15,6 +15,7 @@ embedding. The four attention classes stand side by side below; they differ only
 """
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -204,13 +205,14 @@ ATTENTION_CLASSES = {
     "super": SuperAttention,
 }
 ATTENTION_VARIANTS = tuple(ATTENTION_CLASSES)
+PRETRAINED_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # 124M, 350M, 774M, 1558M
 
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's own GELU, so its weights reproduce exactly
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -314,15 +316,9 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
-        """OpenAI's GPT-2 weights through Hugging Face `transformers` (standard attention only)."""
-        sizes = {
-            "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
-            "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
-            "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
-            "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
-        }
-        if model_type not in sizes:
-            raise ValueError(f"unknown pretrained model {model_type!r}; choose one of {', '.join(sizes)}")
+        """OpenAI's GPT-2 weights through Hugging Face `transformers` (standard attention only).
+        model_type: gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local folder of a Hugging Face
+        GPT-2 checkpoint (what GPT2LMHeadModel.save_pretrained writes)."""
         override_args = dict(override_args or {})
         attention = override_args.pop("attention", "standard")
         if attention != "standard":
@@ -333,12 +329,15 @@ class GPT(nn.Module):
         unknown = set(override_args) - {"dropout"}
         if unknown:
             raise ValueError(f"only dropout can be overridden for pretrained weights, not {sorted(unknown)}")
+        if model_type not in PRETRAINED_GPT2 and not os.path.isdir(model_type):
+            raise ValueError(
+                f"unknown pretrained model {model_type!r}; choose one of {', '.join(PRETRAINED_GPT2)} "
+                f"or a local folder holding a Hugging Face GPT-2 checkpoint"
+            )
         try:
             from transformers import GPT2LMHeadModel
         except ImportError as e:
-            raise RuntimeError(
-                "loading GPT-2 weights needs Hugging Face transformers: pip install transformers"
-            ) from e
+            raise RuntimeError("loading GPT-2 weights needs Hugging Face transformers: pip install transformers") from e
         try:
             hf_model = GPT2LMHeadModel.from_pretrained(model_type)
         except OSError as e:
@@ -347,19 +346,18 @@ class GPT(nn.Module):
                 f"use, so a network is needed once (or set HF_HOME to a cache that holds them). Cause: {e}"
             ) from e
 
-        config = GPTConfig(vocab_size=50257, block_size=1024, bias=True, **sizes[model_type], **override_args)
+        hf = hf_model.config
+        config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer,
+                           n_head=hf.n_head, n_embd=hf.n_embd, bias=True, **override_args)
         model = cls(config)
         ours = model.state_dict()
-        theirs = hf_model.state_dict()
-        # HF's GPT-2 stores Linear weights as Conv1D, i.e. transposed
+        # HF's GPT-2 stores these Linear weights as Conv1D, i.e. transposed
         transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        for key, value in theirs.items():
-            if key.endswith(".attn.masked_bias") or key.endswith(".attn.bias"):
-                continue  # causal-mask buffers, not weights
+        for key, value in hf_model.state_dict().items():
+            if key.endswith((".attn.masked_bias", ".attn.bias")):
+                continue  # causal-mask buffers in older checkpoints, not weights
             if key.endswith(transposed):
                 value = value.t()
-            if ours[key].shape != value.shape:
-                raise RuntimeError(f"shape mismatch for {key}: ours {tuple(ours[key].shape)}, GPT-2 {tuple(value.shape)}")
             with torch.no_grad():
                 ours[key].copy_(value)
         return model

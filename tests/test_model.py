@@ -314,5 +314,22 @@ def test_too_long_sequence_names_the_limit():
 def test_from_pretrained_refuses_other_variants():
     with pytest.raises(ValueError, match="standard attention only"):
         GPT.from_pretrained("gpt2", dict(attention="efficient"))
-    with pytest.raises(ValueError, match="gpt2, gpt2-medium"):
+    with pytest.raises(ValueError, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local folder"):
         GPT.from_pretrained("gpt3")
+
+
+def test_from_pretrained_reproduces_a_hugging_face_gpt2(tmp_path):
+    """A small random GPT-2 saved the way the hub stores them loads into our standard model with the
+    same logits (the real gpt2 weights need a network, so this checks the conversion offline)."""
+    transformers = pytest.importorskip("transformers", reason="from_pretrained needs transformers (in requirements.txt)")
+    hf_config = transformers.GPT2Config(n_positions=32, n_embd=48, n_layer=2, n_head=4, vocab_size=97)
+    torch.manual_seed(0)
+    hf_model = transformers.GPT2LMHeadModel(hf_config).eval()
+    hf_model.save_pretrained(tmp_path)
+    model = GPT.from_pretrained(str(tmp_path)).eval()
+    assert model.config.block_size == 32 and model.config.vocab_size == 97 and model.config.attention == "standard"
+    idx = random_tokens(2, 20, vocab=97)
+    with torch.no_grad():
+        ours, _ = model(idx, all_logits=True)
+        theirs = hf_model(idx).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
