@@ -32,13 +32,13 @@ COLUMNS = [
     ("attn params/layer", "attention_params", "low", "{:,.0f}"),
     ("model params", "n_params", "low", "{:,.0f}"),
     ("FLOPs/token", "flops_per_token", "low", "{:,.0f}"),
-    ("train loss", "train_loss", "low", "{:.4f}"),
-    ("val loss", "val_loss", "low", "{:.4f}"),
+    ("train loss", "final_train_loss", "low", "{:.4f}"),
+    ("val loss", "final_val_loss", "low", "{:.4f}"),
     ("val ppl", "val_ppl", "low", "{:.2f}"),
     ("HellaSwag acc", "hellaswag_acc", "high", "{:.4f}"),
     ("HellaSwag acc_norm", "hellaswag_acc_norm", "high", "{:.4f}"),
     ("HellaSwag acc_char_norm", "hellaswag_acc_char_norm", "high", "{:.4f}"),
-    ("ms/iter", "ms_per_iter", "low", "{:.1f}"),
+    ("ms/iter", "mean_ms_per_iter", "low", "{:.1f}"),
     ("tokens/s", "tokens_per_s", "high", "{:,.0f}"),
     ("peak memory (MB)", "peak_memory_mb", "low", "{:,.0f}"),
     ("wall time (s)", "wall_time_s", "low", "{:.1f}"),
@@ -81,7 +81,10 @@ def run_training(args, train_overrides, attention, seed, run_dir):
         raise SystemExit(f"training {attention} (seed {seed}) failed with exit code {result.returncode}; "
                          f"its output is above, its files in {run_dir}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    summary["val_ppl"] = math.exp(summary["val_loss"])
+    if summary.get("final_val_loss") is not None:
+        summary["val_ppl"] = math.exp(summary["final_val_loss"])
+    if summary.get("peak_memory_bytes") is not None:
+        summary["peak_memory_mb"] = summary["peak_memory_bytes"] / 2**20
     if args.hellaswag_file:
         summary.update(evaluate_hellaswag(run_dir, args.hellaswag_file, args.hellaswag_limit))
     return summary
