@@ -1,0 +1,452 @@
+"""
+HellaSwag (validation, 10,042 examples, zero-shot) for any checkpoint of any attention variant.
+
+    python eval_hellaswag.py --out_dir out                       # downloads the data once to --cache_dir
+    python eval_hellaswag.py --out_dir out --data_file hellaswag_val.jsonl --limit 500 --batch_size 4
+    python eval_hellaswag.py --init_from gpt2 --device cuda      # OpenAI's GPT-2 124M, for reference
+    torchrun --standalone --nproc_per_node 8 eval_hellaswag.py --out_dir out --device cuda
+
+Each example is a context and 4 endings, one of them right. The model scores each ending by the
+log-likelihood of the ending's tokens given the context (the context's own tokens are not scored),
+and the example counts as right when the highest-scoring ending is the labelled one. Three scores:
+
+  acc            highest summed log-likelihood. Text: example["ctx"] + " " + ending, raw, the way
+                 NanoGPT-family evaluators (karpathy's build-nanogpt hellaswag.py) build it.
+  acc_norm       same text, highest mean log-likelihood per ending token. This is how NanoGPT-family
+                 evaluators report HellaSwag (GPT-2 124M: 0.2955).
+  acc_char_norm  EleutherAI lm-evaluation-harness's "acc_norm": its own text,
+                     query  = preprocess(activity_label + ": " + ctx_a + " " + ctx_b.capitalize())
+                     ending = " " + preprocess(ending)
+                 with preprocess = strip, " [title]" -> ". ", remove "[...]", "  " -> " " (one pass,
+                 as the harness does), and the highest summed log-likelihood divided by the length in
+                 characters of the preprocessed ending WITHOUT its leading space: the harness scores
+                 " " + choice but divides by len(choice) (task.py: completion_len = len(i) for i in
+                 choices, the choices before the target delimiter is added). GPT-2 124M: 0.3114.
+
+The harness's plain "acc" (summed log-likelihood on its preprocessed text) comes for free from the
+same forward passes and is reported as acc_harness. The paper's 0.31 / 0.31 / 0.30 is most likely
+acc_char_norm: see docs_parts/sample_eval.md.
+
+Contexts longer than the model's block size are cut from the left: of context + ending, the last
+block_size + 1 tokens are kept and the first of them only conditions (as the harness does). An
+ending longer than block_size tokens (possible with a character-level model) is scored on its last
+block_size tokens only; such endings are counted in n_endings_truncated.
+"""
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import torch
+
+HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+HELLASWAG_FILENAME = "hellaswag_val.jsonl"
+HELLASWAG_VAL_SIZE = 10042
+DEFAULT_CACHE_DIR = Path(__file__).resolve().parent / "data" / "hellaswag"
+NUM_ENDINGS = 4
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+METRICS = ("acc", "acc_norm", "acc_char_norm", "acc_harness")
+
+
+class HellaSwagError(ValueError):
+    """Data that cannot be had or read: download failure, malformed line, untokenizable text."""
+
+
+# -----------------------------------------------------------------------------
+# data
+
+def download_hellaswag(cache_dir=DEFAULT_CACHE_DIR, url=HELLASWAG_URL, timeout=60):
+    """Path of the official validation jsonl in cache_dir, downloading it first if absent.
+
+    The file is written under a temporary name and renamed once complete and of the expected size
+    (10,042 lines), so an interrupted download is never mistaken for the data."""
+    cache_dir = Path(cache_dir)
+    path = cache_dir / HELLASWAG_FILENAME
+    if path.is_file():
+        return path
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as f:
+            while chunk := response.read(1 << 20):
+                f.write(chunk)
+        with open(tmp, "rb") as f:
+            n_lines = sum(1 for line in f if line.strip())
+        if n_lines != HELLASWAG_VAL_SIZE:
+            raise HellaSwagError(
+                f"downloaded {url} but it has {n_lines} examples, not {HELLASWAG_VAL_SIZE}: refusing to cache it"
+            )
+        os.replace(tmp, path)
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        raise HellaSwagError(
+            f"could not download HellaSwag from {url} ({type(e).__name__}: {e}). Without network, fetch "
+            f"that file on another machine and pass it with --data_file path/to/{HELLASWAG_FILENAME} "
+            f"(or put it at {path})"
+        ) from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _check_example(example):
+    """None if example has the fields scoring needs, else what is wrong."""
+    if not isinstance(example, dict):
+        return f"expected a JSON object, got {type(example).__name__}"
+    for key in ("ctx", "ctx_a", "ctx_b", "activity_label"):
+        if not isinstance(example.get(key), str):
+            return f'"{key}" must be a string' if key in example else f'missing "{key}"'
+    endings = example.get("endings")
+    if not (isinstance(endings, list) and len(endings) == NUM_ENDINGS and all(isinstance(e, str) for e in endings)):
+        return f'"endings" must be a list of {NUM_ENDINGS} strings'
+    label = example.get("label")
+    try:
+        label = int(label)  # the official file has ints; other copies sometimes strings
+    except (TypeError, ValueError):
+        return f'"label" must be an integer 0..{NUM_ENDINGS - 1}, got {label!r}'
+    if not 0 <= label < NUM_ENDINGS:
+        return f'"label" must be in 0..{NUM_ENDINGS - 1}, got {label}'
+    return None
+
+
+def load_examples(path, limit=None):
+    """The examples of a HellaSwag-format jsonl file (one JSON object per line; blank lines skipped),
+    the first `limit` of them if given. A malformed line raises HellaSwagError naming its line number.
+    Each example gets "label" as an int and "_line", its line number."""
+    path = Path(path)
+    if limit is not None and limit < 1:
+        raise HellaSwagError(f"limit={limit} must be at least 1 (or None for every example)")
+    if not path.is_file():
+        raise HellaSwagError(f"HellaSwag data file {path} does not exist")
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if limit is not None and len(examples) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                example = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HellaSwagError(f"{path}, line {line_number}: not valid JSON ({e.msg})") from None
+            problem = _check_example(example)
+            if problem:
+                raise HellaSwagError(f"{path}, line {line_number}: not a HellaSwag example: {problem}")
+            example["label"] = int(example["label"])
+            example["_line"] = line_number
+            examples.append(example)
+    if not examples:
+        raise HellaSwagError(f"{path} holds no examples")
+    return examples
+
+
+def harness_preprocess(text):
+    """lm-evaluation-harness's HellaSwag text cleaning (the brackets are WikiHow artifacts)."""
+    text = text.strip()
+    text = text.replace(" [title]", ". ")
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
+def nanogpt_texts(example):
+    """(context, [continuation x4]) as NanoGPT-family evaluators score them: raw ctx, " " + ending."""
+    return example["ctx"], [" " + ending for ending in example["endings"]]
+
+
+def harness_texts(example):
+    """(query, [continuation x4], [character length x4]) as lm-evaluation-harness scores them."""
+    query = harness_preprocess(example["activity_label"] + ": " + example["ctx_a"] + " " + example["ctx_b"].capitalize())
+    choices = [harness_preprocess(ending) for ending in example["endings"]]
+    # the continuation carries the target delimiter " ", the normalising length does not
+    return query, [" " + choice for choice in choices], [len(choice) for choice in choices]
+
+
+# -----------------------------------------------------------------------------
+# scoring
+
+def _encode(tokenizer, text, example, what):
+    try:
+        return list(tokenizer.encode(text))
+    except ValueError as e:  # CharTokenizer: characters outside the vocabulary
+        raise HellaSwagError(f"example on line {example.get('_line', '?')}: cannot tokenize its {what}: {e}") from None
+
+
+def example_requests(example, tokenizer):
+    """The (context ids, continuation ids) pairs of one example: 4 in the NanoGPT view, 4 in the
+    harness view (duplicates are scored once). Returns (pairs, nanogpt_index, harness_index, char_lengths)
+    where the indexes map each of the 4 endings of a view to its pair."""
+    pairs, index_of = [], {}
+
+    def add(context_ids, continuation_ids):
+        key = (tuple(context_ids), tuple(continuation_ids))
+        if key not in index_of:
+            index_of[key] = len(pairs)
+            pairs.append(key)
+        return index_of[key]
+
+    views = []
+    ctx, conts = nanogpt_texts(example)
+    query, hconts, char_lengths = harness_texts(example)
+    for context, continuations, what in ((ctx, conts, "ctx"), (query, hconts, "harness query")):
+        context_ids = _encode(tokenizer, context, example, what)
+        if not context_ids:  # nothing to condition on: start from <|endoftext|> like the harness
+            if tokenizer.eot is None:
+                raise HellaSwagError(f"example on line {example.get('_line', '?')}: empty context")
+            context_ids = [tokenizer.eot]
+        views.append([add(context_ids, _encode(tokenizer, c, example, "ending")) for c in continuations])
+    return pairs, views[0], views[1], char_lengths
+
+
+def continuation_logprobs(model, pairs, device="cpu", dtype="float32"):
+    """For each (context ids, continuation ids) pair: (sum of the model's log-probabilities of the
+    continuation tokens given everything before them, number of tokens scored). All pairs go through
+    the model as one right-padded batch; causal attention keeps padding out of the real positions.
+
+    Of context + continuation the last block_size + 1 tokens are used (the first conditions only),
+    so at most block_size continuation tokens are scored."""
+    block_size = model.config.block_size
+    rows, n_scored = [], []
+    for context_ids, continuation_ids in pairs:
+        if not continuation_ids:
+            raise HellaSwagError("an ending tokenizes to nothing")
+        full = (list(context_ids) + list(continuation_ids))[-(block_size + 1):]
+        rows.append(full)
+        n_scored.append(min(len(continuation_ids), len(full) - 1))
+    T = max(len(r) for r in rows) - 1
+    inputs = torch.zeros(len(rows), T, dtype=torch.long)
+    targets = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, (row, n) in enumerate(zip(rows, n_scored)):
+        L = len(row) - 1
+        inputs[i, :L] = torch.tensor(row[:-1])
+        targets[i, :L] = torch.tensor(row[1:])
+        mask[i, L - n:L] = True  # the continuation's targets are the last n of the row
+    inputs, targets, mask = inputs.to(device), targets.to(device), mask.to(device)
+    with torch.no_grad(), _autocast(device, dtype):
+        logits, _ = model(inputs, all_logits=True)
+    logits = logits.float()
+    # log p(target) = logit[target] - logsumexp(logits): no full log-softmax copy of a (B, T, V) tensor
+    token_logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    sums = (token_logprobs * mask).sum(dim=1).double().tolist()
+    return list(zip(sums, n_scored))
+
+
+def _autocast(device, dtype):
+    if isinstance(dtype, torch.dtype):
+        dtype = {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype])
+
+
+def _argmax(values):
+    """Index of the largest value, the first on ties (like numpy.argmax)."""
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+def score_example(example, scored, nanogpt_index, harness_index, char_lengths):
+    """Per-example predictions of the four metrics from the scored pairs [(sum, n_tokens), ...]."""
+    sums = [scored[j][0] for j in nanogpt_index]
+    counts = [scored[j][1] for j in nanogpt_index]
+    hsums = [scored[j][0] for j in harness_index]
+    preds = {
+        "acc": _argmax(sums),
+        "acc_norm": _argmax([s / n for s, n in zip(sums, counts)]),
+        # an ending that preprocesses to nothing would divide by zero; count it as one character
+        "acc_char_norm": _argmax([s / max(c, 1) for s, c in zip(hsums, char_lengths)]),
+        "acc_harness": _argmax(hsums),
+    }
+    return {
+        "line": example.get("_line"), "label": example["label"], "pred": preds,
+        "logprob_sum": sums, "n_tokens": counts, "harness_logprob_sum": hsums, "char_lengths": char_lengths,
+    }
+
+
+def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="float32",
+             rank=0, world_size=1, progress=False, return_details=False):
+    """HellaSwag accuracies of `model` on `examples` (from load_examples).
+
+    model: anything with forward(idx, all_logits=True) -> (logits (B, T, V), _) and .config.block_size
+    (pass the bare model, not a DDP wrapper). tokenizer: .encode(text) -> ids, .eot (None if absent).
+    batch_size examples (each up to 8 sequences: 4 endings x 2 texts) go through the model at once.
+    With world_size > 1 this rank scores examples[rank::world_size] and, when torch.distributed is
+    initialised, the counts are summed over the ranks, so every rank returns the global result.
+
+    Returns {"acc", "acc_norm", "acc_char_norm", "acc_harness", "n", "correct": {metric: count},
+    "n_endings_truncated"} (+ "details", this rank's per-example scores, if return_details)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    mine = examples[rank::world_size]
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    correct = {m: 0 for m in METRICS}
+    truncated = 0
+    details = []
+    block_size = model.config.block_size
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(mine), desc=f"hellaswag rank {rank}" if world_size > 1 else "hellaswag", unit="ex")
+    try:
+        for start in range(0, len(mine), batch_size):
+            batch = mine[start:start + batch_size]
+            requests = [example_requests(ex, tokenizer) for ex in batch]
+            all_pairs = [pair for req in requests for pair in req[0]]
+            scored = continuation_logprobs(model, all_pairs, device, dtype)
+            offset = 0
+            for ex, (pairs, nanogpt_index, harness_index, char_lengths) in zip(batch, requests):
+                mine_scored = scored[offset:offset + len(pairs)]
+                truncated += sum(1 for (ctx, cont), (_, n) in zip(pairs, mine_scored) if n < len(cont))
+                offset += len(pairs)
+                result = score_example(ex, mine_scored, nanogpt_index, harness_index, char_lengths)
+                for m in METRICS:
+                    correct[m] += int(result["pred"][m] == ex["label"])
+                if return_details:
+                    details.append(result)
+            if bar is not None:
+                bar.update(len(batch))
+                done = bar.n
+                bar.set_postfix({m: f"{correct[m] / done:.4f}" for m in ("acc", "acc_norm", "acc_char_norm")})
+    finally:
+        if bar is not None:
+            bar.close()
+        if was_training:
+            model.train()
+
+    n = len(mine)
+    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        counts = torch.tensor([n, truncated] + [correct[m] for m in METRICS], dtype=torch.long,
+                              device=device if torch.distributed.get_backend() == "nccl" else "cpu")
+        torch.distributed.all_reduce(counts)
+        n, truncated, *values = counts.tolist()
+        correct = dict(zip(METRICS, values))
+    results = {m: (correct[m] / n if n else float("nan")) for m in METRICS}
+    results.update(n=n, correct=correct, n_endings_truncated=truncated, block_size=block_size)
+    if return_details:
+        results["details"] = details
+    return results
+
+
+# -----------------------------------------------------------------------------
+# command line
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init_from", default="resume", help="'resume' (checkpoint in --out_dir) or gpt2, gpt2-medium, ...")
+    p.add_argument("--out_dir", default="out", help="training out_dir holding ckpt.pt, or a checkpoint file")
+    p.add_argument("--data_file", default=None, help="a local HellaSwag-format jsonl (default: download the official validation set)")
+    p.add_argument("--cache_dir", default=str(DEFAULT_CACHE_DIR), help="where the official file is downloaded to once")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
+    p.add_argument("--batch_size", type=int, default=1, help="examples per forward pass (each is up to 8 sequences)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: bfloat16 on CUDA if supported, else float32")
+    p.add_argument("--output", default=None, help="results JSON (default: hellaswag.json beside the checkpoint, or hellaswag_<model>.json)")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on CPU (0 = torch's default)")
+    p.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
+    return p.parse_args(argv)
+
+
+def _default_output(args):
+    if args.init_from != "resume":
+        return Path(f"hellaswag_{args.init_from}.json")
+    out = Path(args.out_dir)
+    return (out if out.is_dir() else out.parent) / "hellaswag.json"
+
+
+def main(argv=None):
+    from checkpoint import CheckpointError
+    from sample import SampleError, check_device, load_model_and_tokenizer
+    from tokenizer import TokenizerUnavailableError
+
+    args = parse_args(argv)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    rank, world_size, local_rank = 0, 1, 0
+    try:
+        if distributed:
+            import torch.distributed as dist
+
+            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            use_cuda = args.device.startswith("cuda")
+            if use_cuda:
+                args.device = f"cuda:{local_rank}"
+                torch.cuda.set_device(args.device)
+            dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        device = check_device(args.device)
+        dtype = args.dtype or ("bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32")
+        if args.batch_size < 1:
+            raise HellaSwagError(f"--batch_size={args.batch_size} must be at least 1")
+
+        if args.data_file:
+            data_file = Path(args.data_file)
+        else:  # rank 0 downloads, the others wait and read its copy
+            failure = None
+            if rank == 0:
+                try:
+                    data_file = download_hellaswag(args.cache_dir)
+                except HellaSwagError as e:  # reach the barrier anyway, so no rank hangs
+                    failure = e
+            if distributed:
+                torch.distributed.barrier()
+            if failure is not None:
+                raise failure
+            if rank != 0:
+                data_file = download_hellaswag(args.cache_dir)
+        examples = load_examples(data_file, args.limit)
+        model, tokenizer, info = load_model_and_tokenizer(args.init_from, args.out_dir, device)
+        if rank == 0:
+            print(f"HellaSwag: {len(examples)} examples from {data_file}; {info['attention']} attention, "
+                  f"{info['tokenizer']} tokenizer, block_size {model.config.block_size}, {device}, {dtype}"
+                  + (f", {world_size} ranks" if distributed else ""), file=sys.stderr)
+            if tokenizer.kind == "char":
+                print("note: a character-level model: HellaSwag is scored, but the numbers mean little", file=sys.stderr)
+        t0 = time.time()
+        results = evaluate(model, examples, tokenizer, device, batch_size=args.batch_size, dtype=dtype,
+                           rank=rank, world_size=world_size, progress=not args.no_progress and rank == 0)
+        seconds = time.time() - t0
+    except (HellaSwagError, CheckpointError, TokenizerUnavailableError, SampleError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (RuntimeError, ValueError) as e:  # pretrained weights unreachable, bad arguments
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if distributed and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    if rank != 0:
+        return 0
+    results["settings"] = {
+        **info, "data_file": str(data_file), "limit": args.limit, "batch_size": args.batch_size,
+        "device": device, "dtype": dtype, "world_size": world_size, "seconds": round(seconds, 2),
+        "metrics": {
+            "acc": "argmax summed log-likelihood of ' ' + ending given ex['ctx'] (NanoGPT-family text)",
+            "acc_norm": "argmax mean log-likelihood per ending token, same text (build-nanogpt's acc_norm)",
+            "acc_char_norm": "argmax summed log-likelihood / len(preprocessed ending), lm-evaluation-harness text and normalisation (its acc_norm)",
+            "acc_harness": "argmax summed log-likelihood, lm-evaluation-harness text (its acc)",
+        },
+    }
+    output = Path(args.output) if args.output else _default_output(args)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n")
+    for m in METRICS:
+        print(f"{m:>14}: {results[m]:.4f}  ({results['correct'][m]}/{results['n']})")
+    if results["n_endings_truncated"]:
+        print(f"note: {results['n_endings_truncated']} endings were longer than block_size and only partly scored")
+    print(f"results written to {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""
+Sample text from a trained checkpoint (any attention variant) or from OpenAI's GPT-2 weights.
+
+    python sample.py --out_dir out-shakespeare-char --start "ROMEO:" --num_samples 3
+    python sample.py --out_dir out/ckpt.pt --start FILE:prompt.txt --max_new_tokens 200 --top_k 50
+    python sample.py --init_from gpt2 --start "The meaning of life is"    # needs transformers + network once
+
+The attention variant and the model's shape come from the checkpoint; the tokenizer (character-level
+or GPT-2 BPE) from the dataset's meta.json, which the checkpoint carries under "meta" (older
+checkpoints: read from config["data_dir"]). Generation uses the model's KV cache unless
+--no_kv_cache is given, and the tokens/s of the whole run are printed at the end.
+"""
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from tokenizer import GPT2Tokenizer, TokenizerUnavailableError, read_meta, tokenizer_from_meta
+
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class SampleError(RuntimeError):
+    """A problem with what the user asked for (prompt file, tokenizer metadata, ...)."""
+
+
+# -----------------------------------------------------------------------------
+# shared with eval_hellaswag.py
+
+def checkpoint_meta(checkpoint):
+    """The dataset meta.json dict of a checkpoint: its "meta" entry, else data_dir/meta.json from its
+    training config, else None (the caller decides what that means)."""
+    meta = checkpoint.get("meta")
+    if meta:
+        return meta
+    data_dir = (checkpoint.get("config") or {}).get("data_dir")
+    if data_dir:
+        candidates = [Path(data_dir), Path(__file__).resolve().parent / data_dir]
+        for candidate in candidates:
+            if (candidate / "meta.json").is_file():
+                return read_meta(candidate)
+    return None
+
+
+def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
+    """(model in eval mode on device, tokenizer, description dict) for a checkpoint folder/file
+    (init_from="resume") or pretrained GPT-2 weights (init_from="gpt2", "gpt2-medium", ...).
+
+    Raises CheckpointError, TokenizerUnavailableError, SampleError, or RuntimeError (pretrained
+    weights unreachable), each with a message meant for the user."""
+    if init_from in PRETRAINED:
+        from model import GPT
+
+        model = GPT.from_pretrained(init_from, dict(dropout=0.0)).to(device).eval()
+        tokenizer = GPT2Tokenizer()
+        return model, tokenizer, {"init_from": init_from, "attention": "standard", "tokenizer": "gpt2"}
+    if init_from != "resume":
+        raise SampleError(f"--init_from={init_from!r}: use 'resume' (a checkpoint in --out_dir) or one of {', '.join(PRETRAINED)}")
+
+    checkpoint = load_checkpoint(out_dir, map_location=device)
+    try:
+        model = model_from_checkpoint(checkpoint, device)
+    except (TypeError, ValueError, RuntimeError) as e:  # bad model_args or a state_dict that does not fit
+        raise CheckpointError(f"checkpoint {out_dir} cannot be turned into a model: {type(e).__name__}: {e}") from e
+    try:
+        meta = checkpoint_meta(checkpoint)
+    except (ValueError, FileNotFoundError) as e:
+        raise SampleError(f"checkpoint {out_dir}: its dataset's meta.json is unusable: {e}") from e
+    if meta is None:
+        if model.config.vocab_size < 50257:
+            raise SampleError(
+                f"checkpoint {out_dir} carries no tokenizer metadata (no 'meta' entry and no readable "
+                f"config['data_dir']/meta.json), and its vocab_size={model.config.vocab_size} is too small for "
+                f"GPT-2 BPE: put the dataset's meta.json where config['data_dir'] points"
+            )
+        print(f"note: {out_dir} has no tokenizer metadata; assuming GPT-2 BPE (vocab_size={model.config.vocab_size})",
+              file=sys.stderr)
+        meta = {"tokenizer": "gpt2", "vocab_size": 50257, "tokens": {"train": 0, "val": 0}}
+    try:
+        tokenizer = tokenizer_from_meta(meta)
+    except ValueError as e:
+        raise SampleError(f"checkpoint {out_dir}: bad tokenizer metadata: {e}") from e
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise SampleError(
+            f"checkpoint {out_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"{model.config.vocab_size}: the meta.json is not the one this model was trained with"
+        )
+    return model, tokenizer, {
+        "init_from": "resume", "checkpoint": str(out_dir), "attention": model.config.attention,
+        "tokenizer": tokenizer.kind, "iter_num": checkpoint.get("iter_num"),
+    }
+
+
+def autocast_context(device, dtype):
+    """float32: nothing; bfloat16/float16: torch.autocast on the device's type."""
+    if dtype not in DTYPES:
+        raise SampleError(f"--dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype])
+
+
+def check_device(device):
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise SampleError(f"--device={device!r} is not a device torch knows: {e}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SampleError(f"--device={device}: CUDA is not available here; use --device cpu")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise SampleError(f"--device={device}: MPS is not available here; use --device cpu")
+    return device
+
+
+# -----------------------------------------------------------------------------
+# sampling
+
+def read_start(start):
+    """The prompt: the text itself, or the contents of a file given as FILE:path."""
+    if start.startswith("FILE:"):
+        path = Path(start[len("FILE:"):])
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SampleError(f"--start=FILE:{path}: cannot read the prompt file: {e}") from e
+    return start
+
+
+def encode_prompt(tokenizer, text):
+    """Prompt token ids. Character-level vocabularies reject unknown characters with a ValueError
+    naming them; an empty prompt starts GPT-2 models from <|endoftext|>."""
+    ids = tokenizer.encode(text)
+    if not ids:
+        if tokenizer.eot is None:
+            raise SampleError("the prompt is empty; a character-level model needs at least one character to start from")
+        ids = [tokenizer.eot]
+    return ids
+
+
+def safe_decode(tokenizer, ids):
+    """Decode, skipping ids the tokenizer does not have (GPT-2's vocab is padded from 50257 to
+    50304 in the model, and an undertrained model can sample the padding)."""
+    return tokenizer.decode([i for i in ids if i < tokenizer.vocab_size])
+
+
+def sample(model, tokenizer, start_ids, num_samples, max_new_tokens, temperature=0.8, top_k=200,
+           device="cpu", dtype="float32", use_kv_cache=True):
+    """Generate num_samples continuations one after the other. Returns (texts, seconds spent generating)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be positive (use --top_k 1 for greedy decoding)")
+    if max_new_tokens < 0 or num_samples < 1:
+        raise ValueError("max_new_tokens must be >= 0 and num_samples >= 1")
+    x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]
+    texts, seconds = [], 0.0
+    with torch.no_grad(), autocast_context(device, dtype):
+        for _ in range(num_samples):
+            t0 = time.perf_counter()
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, use_kv_cache=use_kv_cache)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            seconds += time.perf_counter() - t0
+            texts.append(safe_decode(tokenizer, y[0].tolist()))
+    return texts, seconds
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init_from", default="resume", help="'resume' (checkpoint in --out_dir) or gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+    p.add_argument("--out_dir", default="out", help="training out_dir holding ckpt.pt, or a checkpoint file")
+    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file")
+    p.add_argument("--num_samples", type=int, default=3)
+    p.add_argument("--max_new_tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.8, help="> 0; lower is more deterministic")
+    p.add_argument("--top_k", type=int, default=200, help="keep the top_k most likely tokens; 0 = no cut")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
+    p.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: bfloat16 on CUDA if supported, else float32")
+    p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context at every step (slower)")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on CPU (0 = torch's default)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        if args.temperature <= 0:
+            raise SampleError(f"--temperature={args.temperature} must be positive (for greedy decoding use --top_k 1)")
+        if args.num_samples < 1 or args.max_new_tokens < 0:
+            raise SampleError("--num_samples must be at least 1 and --max_new_tokens at least 0")
+        if args.top_k < 0:
+            raise SampleError("--top_k must be >= 1, or 0 for no cut")
+        device = check_device(args.device)
+        dtype = args.dtype or ("bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32")
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        torch.manual_seed(args.seed)
+        if device.startswith("cuda"):
+            torch.cuda.manual_seed(args.seed)
+        prompt = read_start(args.start)
+        model, tokenizer, info = load_model_and_tokenizer(args.init_from, args.out_dir, device)
+        try:
+            start_ids = encode_prompt(tokenizer, prompt)
+        except ValueError as e:  # CharTokenizer: characters outside the vocabulary
+            raise SampleError(f"the prompt cannot be encoded: {e}") from e
+        if len(start_ids) > model.config.block_size:
+            print(f"note: the prompt has {len(start_ids)} tokens, more than block_size={model.config.block_size}; "
+                  f"the model sees only the last {model.config.block_size}", file=sys.stderr)
+        texts, seconds = sample(
+            model, tokenizer, start_ids, args.num_samples, args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k or None, device=device, dtype=dtype,
+            use_kv_cache=not args.no_kv_cache,
+        )
+    except (CheckpointError, TokenizerUnavailableError, SampleError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (RuntimeError, ValueError) as e:  # pretrained weights unreachable, invalid generate() arguments
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+    for text in texts:
+        print(text)
+        print("---------------")
+    n_tokens = args.num_samples * args.max_new_tokens
+    rate = n_tokens / seconds if seconds > 0 else float("inf")
+    print(
+        f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s "
+        f"({info['attention']} attention, {info['tokenizer']} tokenizer, {device}, {dtype}, "
+        f"KV cache {'off' if args.no_kv_cache else 'on'})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,371 @@
+"""eval_hellaswag.py: the three accuracies against hand computation, the log-likelihood against a
+position-by-position computation, data loading errors, and end to end from train.py checkpoints."""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import REPO, needs_bpe
+import eval_hellaswag as eh
+from checkpoint import save_checkpoint
+from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from tokenizer import CharTokenizer
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread is faster than several (no synchronisation), and much more so on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+# -----------------------------------------------------------------------------
+# a model whose likelihoods we set by hand
+
+# Every word piece (a word with its leading space) is one token. The stub LM gives each token the
+# same log-probability at every position, whatever the context, so an ending's log-likelihood is
+# the sum of its pieces' values below.
+LOGPROB = {
+    # ending set 1:       sum    mean per token   per character (harness: len without the space)
+    " a": -2.0,           # -2.0   -2.0             -2.0 / 1  = -2.0
+    " bbbbbbbbbb": -3.0,  # -3.0   -3.0             -3.0 / 10 = -0.3
+    " c": -0.9,           # "c c c c": 4 tokens, -3.6, -0.9, -3.6 / 7 = -0.514
+    " d": -5.0,           # -5.0   -5.0             -5.0
+    # ending set 2
+    " e": -1.2,           # -1.2   -1.2             -1.2 / 1 = -1.2  (with the space counted: -0.6)
+    " fff": -3.0,         # -3.0   -3.0             -3.0 / 3 = -1.0  (with the space counted: -0.75)
+}
+SET1 = ["a", "bbbbbbbbbb", "c c c c", "d"]  # winners: sum a (0), mean c (2), per character bbbbbbbbbb (1)
+SET2 = ["e", "fff", "d", "d"]  # winners: sum e (0), mean e (0), per character fff (1), but e if the space counted
+CONTEXT_LOGPROB = -20.0  # every other piece (context words): unlikely, and never scored
+
+
+class WordTokenizer:
+    kind = "word"
+    eot = None
+
+    def __init__(self, vocab_size=64):
+        self.vocab_size = vocab_size
+        self.ids = {piece: i + 1 for i, piece in enumerate(LOGPROB)}  # id 0 takes the leftover mass
+
+    def encode(self, text):
+        out = []
+        for piece in re.findall(r" *[^ ]+", text):
+            if piece not in self.ids:
+                self.ids[piece] = len(self.ids) + 1
+                assert self.ids[piece] < self.vocab_size
+            out.append(self.ids[piece])
+        return out
+
+
+class StubLM(torch.nn.Module):
+    """Next-token log-probabilities fixed by LOGPROB, independent of position and context."""
+
+    def __init__(self, tokenizer, block_size=256):
+        super().__init__()
+        self.config = SimpleNamespace(block_size=block_size)
+        self.tokenizer = tokenizer
+        self.calls = []
+
+    def forward(self, idx, all_logits=False):
+        assert all_logits
+        self.calls.append(tuple(idx.shape))
+        V = self.tokenizer.vocab_size
+        probs = torch.full((V,), math.exp(CONTEXT_LOGPROB), dtype=torch.float64)
+        for piece, lp in LOGPROB.items():
+            probs[self.tokenizer.ids[piece]] = math.exp(lp)
+        probs[0] = 0.0
+        probs[0] = 1.0 - probs.sum()
+        assert probs[0] > 0
+        logits = probs.log().float()
+        return logits.expand(idx.size(0), idx.size(1), V), None
+
+
+def example(endings, label, ctx_a="A man is sitting on a roof.", ctx_b="he", activity="Roofing"):
+    return {"ind": 0, "activity_label": activity, "ctx_a": ctx_a, "ctx_b": ctx_b,
+            "ctx": f"{ctx_a} {ctx_b}", "split": "val", "split_type": "indomain", "label": label, "endings": endings}
+
+
+# kind: (endings, label, [which of acc, acc_norm, acc_char_norm, acc_harness it counts for])
+KINDS = {
+    "K1": (SET1, 0, dict(acc=1, acc_norm=0, acc_char_norm=0, acc_harness=1)),
+    "K2": (SET1, 2, dict(acc=0, acc_norm=1, acc_char_norm=0, acc_harness=0)),
+    "K3": (SET1, 1, dict(acc=0, acc_norm=0, acc_char_norm=1, acc_harness=0)),
+    "K4": (SET2, 1, dict(acc=0, acc_norm=0, acc_char_norm=1, acc_harness=0)),
+    "K5": (SET2, 0, dict(acc=1, acc_norm=1, acc_char_norm=0, acc_harness=1)),
+}
+FILE_KINDS = ["K1", "K2", "K1", "K4", "K2", "K5", "K3", "K1"]
+# by hand: acc K1 x3 + K5 = 4, acc_norm K2 x2 + K5 = 3, acc_char_norm K4 + K3 = 2, out of 8
+EXPECTED = dict(acc=4 / 8, acc_norm=3 / 8, acc_char_norm=2 / 8, acc_harness=4 / 8)
+
+
+@pytest.fixture
+def hellaswag_file(tmp_path):
+    path = tmp_path / "hs.jsonl"
+    lines = [json.dumps(example(KINDS[k][0], KINDS[k][1], ctx_b=f"he number {i}")) for i, k in enumerate(FILE_KINDS)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_three_accuracies_match_hand_computation(hellaswag_file, batch_size):
+    tok = WordTokenizer()
+    model = StubLM(tok)
+    examples = eh.load_examples(hellaswag_file)
+    result = eh.evaluate(model, examples, tok, "cpu", batch_size=batch_size, return_details=True)
+    assert result["n"] == len(FILE_KINDS)
+    for metric, value in EXPECTED.items():
+        assert result[metric] == value, metric
+    for detail, kind in zip(result["details"], FILE_KINDS):
+        endings, label, counts = KINDS[kind]
+        for metric, hit in counts.items():
+            assert (detail["pred"][metric] == label) == bool(hit), (kind, metric)
+    # one forward per batch of examples; each example is at most 8 sequences
+    assert len(model.calls) == math.ceil(len(FILE_KINDS) / batch_size)
+    assert all(rows <= 8 * batch_size for rows, _ in model.calls)
+
+
+def test_scores_are_the_summed_logprobs_set_by_hand(hellaswag_file):
+    tok = WordTokenizer()
+    [detail] = eh.evaluate(StubLM(tok), eh.load_examples(hellaswag_file, limit=1), tok, "cpu", return_details=True)["details"]
+    assert detail["logprob_sum"] == pytest.approx([-2.0, -3.0, -3.6, -5.0], abs=1e-5)
+    assert detail["harness_logprob_sum"] == pytest.approx([-2.0, -3.0, -3.6, -5.0], abs=1e-5)
+    assert detail["n_tokens"] == [1, 1, 4, 1]
+    assert detail["char_lengths"] == [1, 10, 7, 1]  # the preprocessed ending, its leading space not counted
+
+
+def test_harness_preprocessing():
+    ex = example(
+        ["[step] Scrub  it well.", "Rinse [title] Dry it.", " dry ", "x"], 0,
+        ctx_a="[header] How to clean a pan [title] Soak it.", ctx_b="then", activity="Home and Garden",
+    )
+    query, continuations, lengths = eh.harness_texts(ex)
+    assert query == "Home and Garden: How to clean a pan. Soak it. Then"
+    # the harness strips before removing brackets, so "[step] " leaves a leading space behind
+    assert continuations == ["  Scrub it well.", " Rinse. Dry it.", " dry", " x"]
+    assert lengths == [15, 14, 3, 1]
+    ctx, raw = eh.nanogpt_texts(ex)
+    assert ctx == ex["ctx"] and raw[0] == " [step] Scrub  it well."
+
+
+# -----------------------------------------------------------------------------
+# the log-likelihood against a position-by-position computation, every variant
+
+CHARS = "".join(chr(c) for c in range(32, 127)) + "\n"
+
+
+def tiny_gpt(attention, block_size=64, vocab_size=len(CHARS), seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=16,
+                         attention=attention)).eval()
+
+
+def stepwise_logprob(model, context, continuation):
+    """Sum over the continuation of log p(token | all tokens before it), one forward per token."""
+    total = 0.0
+    for k, token in enumerate(continuation):
+        prefix = torch.tensor([context + continuation[:k]])
+        logits, _ = model(prefix)  # the last position only
+        total += torch.log_softmax(logits[0, -1].double(), dim=-1)[token].item()
+    return total
+
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_loglikelihood_equals_stepwise_sum(attention):
+    model = tiny_gpt(attention)
+    if attention == "super":  # make W^A matter: away from its identity initialisation
+        with torch.no_grad():
+            for block in model.transformer.h:
+                block.attn.align_weight.add_(0.1 * torch.randn_like(block.attn.align_weight))
+    tok = CharTokenizer(CHARS)
+    pairs = [
+        (tok.encode("A man is on a roof. He"), tok.encode(" is nailing shingles.")),
+        (tok.encode("Short"), tok.encode(" x")),
+        (tok.encode("A woman rides a horse and"), tok.encode(" falls off")),
+    ]
+    scored = eh.continuation_logprobs(model, pairs)  # one padded batch of three lengths
+    for (context, continuation), (total, n) in zip(pairs, scored):
+        assert n == len(continuation)
+        assert total == pytest.approx(stepwise_logprob(model, context, continuation), abs=1e-4)
+
+
+def test_long_context_is_cut_from_the_left():
+    model = tiny_gpt("standard", block_size=16)
+    tok = CharTokenizer(CHARS)
+    context, continuation = tok.encode("a long context that does not fit the window"), tok.encode(" ends")
+    [(total, n)] = eh.continuation_logprobs(model, [(context, continuation)])
+    window = (context + continuation)[-17:]  # block_size + 1: the first token only conditions
+    kept_context = window[: len(window) - len(continuation)]
+    assert n == len(continuation)
+    assert total == pytest.approx(stepwise_logprob(model, kept_context, continuation), abs=1e-4)
+    # an ending longer than the block: only its last block_size tokens are scored
+    [(_, n)] = eh.continuation_logprobs(model, [(context, tok.encode(" " + "y" * 20))])
+    assert n == 16
+
+
+# -----------------------------------------------------------------------------
+# data loading
+
+def test_load_examples_limit_and_blank_lines(tmp_path):
+    path = tmp_path / "hs.jsonl"
+    path.write_text("\n".join(json.dumps(example(SET1, i % 4)) for i in range(5)) + "\n\n")
+    assert len(eh.load_examples(path)) == 5
+    examples = eh.load_examples(path, limit=2)
+    assert [e["label"] for e in examples] == [0, 1] and examples[1]["_line"] == 2
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({**example(SET1, 0), "endings": ["a", "b"]}), '"endings" must be a list of 4 strings'),
+    (json.dumps({**example(SET1, 0), "label": 7}), '"label" must be in 0..3'),
+    (json.dumps({k: v for k, v in example(SET1, 0).items() if k != "ctx_a"}), 'missing "ctx_a"'),
+    ("[1, 2]", "expected a JSON object"),
+])
+def test_malformed_line_names_its_line_number(tmp_path, bad_line, message):
+    path = tmp_path / "hs.jsonl"
+    path.write_text(json.dumps(example(SET1, 0)) + "\n\n" + bad_line + "\n")
+    with pytest.raises(eh.HellaSwagError, match=rf"line 3: .*{re.escape(message)}"):
+        eh.load_examples(path)
+
+
+def test_download_offline_tells_to_pass_data_file(tmp_path):
+    with pytest.raises(eh.HellaSwagError, match="--data_file"):
+        eh.download_hellaswag(tmp_path / "cache", url="http://127.0.0.1:9/hellaswag_val.jsonl", timeout=5)
+    assert not any((tmp_path / "cache").iterdir())  # no partial file left behind
+    assert eh.HELLASWAG_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
+
+
+def test_download_uses_the_cached_copy(tmp_path):
+    (tmp_path / eh.HELLASWAG_FILENAME).write_text(json.dumps(example(SET1, 0)) + "\n")
+    assert eh.download_hellaswag(tmp_path, url="http://127.0.0.1:9/x") == tmp_path / eh.HELLASWAG_FILENAME
+
+
+def test_character_outside_vocabulary_is_a_clear_error():
+    tok = CharTokenizer("abcdefghijklmnopqrstuvwxyz .")
+    ex = {**example(["a", "b", "c", "d"], 0, ctx_a="a roof.", ctx_b="he", activity="roofing"), "_line": 7}
+    with pytest.raises(eh.HellaSwagError, match=r"line 7.*'A'"):
+        eh.evaluate(tiny_gpt("standard", vocab_size=tok.vocab_size), [{**ex, "ctx": "A roof. he"}], tok)
+
+
+# -----------------------------------------------------------------------------
+# end to end: checkpoints written by train.py, the command line, DDP
+
+def write_char_dataset(data_dir):
+    import numpy as np
+    from tokenizer import write_meta, write_tokens_atomically
+
+    tok = CharTokenizer(CHARS)
+    text = ("A man is sitting on a roof. He starts pulling up roofing. " * 40)
+    ids = np.array(tok.encode(text))
+    split = int(0.9 * len(ids))
+    data_dir.mkdir(parents=True)
+    write_tokens_atomically(data_dir / "train.bin", ids[:split])
+    write_tokens_atomically(data_dir / "val.bin", ids[split:])
+    write_meta(data_dir, {"tokenizer": "char", "vocab_size": tok.vocab_size, "chars": CHARS,
+                          "tokens": {"train": split, "val": len(ids) - split}})
+
+
+def quick_train(tmp_path, attention="standard", **extra):
+    import train
+
+    data_dir = tmp_path / "data"
+    if not data_dir.exists():
+        write_char_dataset(data_dir)
+    out_dir = tmp_path / f"out-{attention}"
+    config = train.get_config([str(REPO / "config" / "quickstart.py")])
+    config.update(out_dir=str(out_dir), data_dir=str(data_dir), attention=attention, max_iters=2, eval_interval=2,
+                  eval_iters=1, log_interval=1, warmup_iters=0, lr_decay_iters=2, batch_size=2, block_size=32,
+                  n_layer=1, n_head=2, n_embd=16, device="cpu", compile=False, **extra)
+    train.train(config, verbose=False)
+    return out_dir
+
+
+def test_end_to_end_on_a_quickstart_checkpoint(tmp_path, hellaswag_file):
+    out_dir = quick_train(tmp_path)
+    output = tmp_path / "results.json"
+    assert eh.main(["--out_dir", str(out_dir), "--data_file", str(hellaswag_file), "--output", str(output),
+                    "--batch_size", "2", "--limit", "5", "--no_progress"]) == 0
+    results = json.loads(output.read_text())
+    assert results["n"] == 5
+    for metric in ("acc", "acc_norm", "acc_char_norm"):
+        assert 0.0 <= results[metric] <= 1.0
+    assert results["settings"]["attention"] == "standard" and results["settings"]["tokenizer"] == "char"
+    assert results["settings"]["limit"] == 5 and results["settings"]["batch_size"] == 2
+
+
+def test_hellaswag_during_training(tmp_path, hellaswag_file):
+    out_dir = quick_train(tmp_path, attention="efficient", hellaswag_interval=1, hellaswag_file=str(hellaswag_file),
+                          hellaswag_limit=3, hellaswag_batch_size=2)
+    records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    hellaswag = [r for r in records if r.get("type") == "hellaswag"]
+    assert hellaswag, records
+    assert all(r["n"] == 3 and {"acc", "acc_norm", "acc_char_norm"} <= r.keys() for r in hellaswag)
+
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_every_variant_from_a_checkpoint(tmp_path, hellaswag_file, attention):
+    model = tiny_gpt(attention)
+    save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(), "iter_num": 0,
+                     "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS,
+                              "tokens": {"train": 1, "val": 1}}}, tmp_path / "ckpt.pt")
+    output = tmp_path / "r.json"
+    assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--output", str(output),
+                    "--no_progress", "--limit", "2"]) == 0
+    assert json.loads(output.read_text())["settings"]["attention"] == attention
+
+
+def test_cli_errors_are_messages_not_tracebacks(tmp_path, hellaswag_file, capsys):
+    assert eh.main(["--out_dir", str(tmp_path / "nothing"), "--data_file", str(hellaswag_file)]) == 1
+    assert "no checkpoint" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(example(SET1, 0)) + "\n{oops\n")
+    assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(bad)]) == 1
+    assert "line 2" in capsys.readouterr().err
+    proc = subprocess.run([sys.executable, str(REPO / "eval_hellaswag.py"), "--out_dir", str(tmp_path / "nothing"),
+                           "--data_file", str(hellaswag_file)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
+
+
+def test_ddp_splits_examples_and_sums_counts(tmp_path, hellaswag_file):
+    model = tiny_gpt("optimized")
+    save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(),
+                     "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS,
+                              "tokens": {"train": 1, "val": 1}}}, tmp_path / "ckpt.pt")
+    single = tmp_path / "single.json"
+    assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--output", str(single),
+                    "--no_progress"]) == 0
+    ddp = tmp_path / "ddp.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(REPO / "eval_hellaswag.py"), "--out_dir", str(tmp_path), "--data_file", str(hellaswag_file),
+         "--output", str(ddp), "--no_progress"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    a, b = json.loads(single.read_text()), json.loads(ddp.read_text())
+    assert b["settings"]["world_size"] == 2 and b["n"] == a["n"] == len(FILE_KINDS)
+    assert b["correct"] == a["correct"]
+
+
+@needs_bpe
+def test_gpt2_bpe_tokenization_of_endings(hellaswag_file):
+    from tokenizer import GPT2Tokenizer, gpt2_encoding
+
+    tok = GPT2Tokenizer()
+    ex = eh.load_examples(hellaswag_file, limit=1)[0]
+    pairs, nanogpt_index, harness_index, lengths = eh.example_requests(ex, tok)
+    enc = gpt2_encoding()
+    assert pairs[nanogpt_index[2]] == (tuple(enc.encode(ex["ctx"])), tuple(enc.encode(" c c c c")))
+    query = "Roofing: A man is sitting on a roof. He number 0"
+    assert pairs[harness_index[0]] == (tuple(enc.encode(query)), tuple(enc.encode(" a")))
+    model = tiny_gpt("super", vocab_size=50304)
+    result = eh.evaluate(model, eh.load_examples(hellaswag_file, limit=2), tok, "cpu", batch_size=2)
+    assert result["n"] == 2

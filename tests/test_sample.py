@@ -1,0 +1,141 @@
+"""sample.py: sampling from checkpoints of every variant, both tokenizers, and its error messages."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, needs_bpe
+import sample
+from checkpoint import save_checkpoint
+from model import ATTENTION_VARIANTS, GPT, GPTConfig
+
+CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+CHAR_META = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "tokens": {"train": 10, "val": 1}}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread is faster than several (no synchronisation), and much more so on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_checkpoint(folder, attention="standard", meta=CHAR_META, vocab_size=None, config=None, block_size=32):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size or (meta or CHAR_META)["vocab_size"], n_layer=2, n_head=2,
+                          n_embd=16, attention=attention))
+    ckpt = {"model_args": dict(vars(model.config)), "model": model.state_dict(), "iter_num": 5,
+            "best_val_loss": 1.0, "config": config or {}}
+    if meta is not None:
+        ckpt["meta"] = meta
+    save_checkpoint(ckpt, folder / "ckpt.pt")
+    return folder
+
+
+def run(capsys, *args):
+    code = sample.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_samples_from_a_char_checkpoint_of_every_variant(tmp_path, capsys, attention):
+    write_checkpoint(tmp_path, attention)
+    code, out, err = run(capsys, "--out_dir", tmp_path, "--start", "ROMEO:", "--num_samples", 2,
+                         "--max_new_tokens", 40, "--seed", 1)
+    assert code == 0, err
+    samples = out.split("---------------\n")
+    assert len(samples) == 3 and all(s.startswith("ROMEO:") for s in samples[:2])
+    assert all(len(s) == len("ROMEO:") + 40 + 1 for s in samples[:2])  # 40 characters and print's newline
+    assert set("".join(samples[:2])) <= set(CHARS)
+    assert re.search(rf"80 tokens in [\d.]+ s: [\d.]+ tokens/s \({attention} attention, char tokenizer", samples[2])
+
+
+def test_seed_kv_cache_and_file_prompt(tmp_path, capsys):
+    write_checkpoint(tmp_path / "ck", "super", block_size=16)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("First Citizen:\n")
+    args = ["--out_dir", tmp_path / "ck" / "ckpt.pt", "--start", f"FILE:{prompt}", "--num_samples", 1,
+            "--max_new_tokens", 30, "--seed", 7, "--top_k", 5]
+    _, cached, _ = run(capsys, *args)
+    _, again, _ = run(capsys, *args)
+    _, uncached, _ = run(capsys, *args, "--no_kv_cache")
+    text = lambda out: out.split("---------------")[0]  # noqa: E731
+    assert text(cached).startswith("First Citizen:\n")
+    assert text(cached) == text(again) == text(uncached)  # past block_size too: the window slides
+    assert "KV cache on" in cached and "KV cache off" in uncached
+    _, other_seed, _ = run(capsys, *args[:-4], "--seed", 8, "--top_k", 5)
+    assert text(other_seed) != text(cached)
+
+
+def test_meta_from_the_training_data_dir(tmp_path, capsys):
+    from tokenizer import write_meta
+
+    write_meta(tmp_path / "data", CHAR_META)
+    write_checkpoint(tmp_path, meta=None, config={"data_dir": str(tmp_path / "data")})
+    code, out, err = run(capsys, "--out_dir", tmp_path, "--start", "Hi", "--max_new_tokens", 5, "--num_samples", 1)
+    assert code == 0, err
+    assert out.startswith("Hi")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--start", "caf\u00e9 \u2603"], r"characters not in the vocabulary: '\u00e9', '\u2603'"),
+    (["--temperature", "0"], "--temperature=0.0 must be positive"),
+    (["--temperature", "-1"], "must be positive"),
+    (["--start", "FILE:/no/such/prompt.txt"], "cannot read the prompt file"),
+    (["--start", ""], "the prompt is empty"),
+])
+def test_clear_errors(tmp_path, capsys, args, message):
+    write_checkpoint(tmp_path)
+    code, out, err = run(capsys, "--out_dir", tmp_path, "--max_new_tokens", 3, *args)
+    assert code == 1 and out == ""
+    assert err.startswith("error:") and re.search(message, err), err
+
+
+def test_missing_or_unreadable_checkpoint(tmp_path, capsys):
+    code, _, err = run(capsys, "--out_dir", tmp_path / "nowhere")
+    assert code == 1 and "no checkpoint at" in err
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    code, _, err = run(capsys, "--out_dir", tmp_path)
+    assert code == 1 and "cannot read checkpoint" in err
+    torch.save({"hello": 1}, tmp_path / "ckpt.pt")
+    code, _, err = run(capsys, "--out_dir", tmp_path)
+    assert code == 1 and "is not a checkpoint" in err
+
+
+def test_no_tokenizer_metadata_for_a_small_vocabulary(tmp_path, capsys):
+    write_checkpoint(tmp_path, meta=None)
+    code, _, err = run(capsys, "--out_dir", tmp_path)
+    assert code == 1 and "no tokenizer metadata" in err
+
+
+def test_command_line_prints_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "sample.py"), "--out_dir", str(tmp_path / "nowhere")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: no checkpoint") and "Traceback" not in proc.stderr
+
+
+def test_pretrained_unreachable_is_a_clear_error(tmp_path):
+    # offline here: without transformers, or with it but no network (HF_HUB_OFFLINE skips its retries)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "sample.py"), "--init_from", "gpt2", "--max_new_tokens", "2"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("GPT-2 weights are reachable here")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "error: could not load 'gpt2' weights" in proc.stderr or "error: loading GPT-2 weights needs" in proc.stderr
+
+
+@needs_bpe
+def test_samples_from_a_gpt2_bpe_checkpoint(tmp_path, capsys):
+    meta = {"tokenizer": "gpt2", "vocab_size": 50257, "tokens": {"train": 10, "val": 1}}
+    write_checkpoint(tmp_path, "efficient", meta=meta, vocab_size=50304)
+    code, out, err = run(capsys, "--out_dir", tmp_path, "--start", "Hello, world", "--max_new_tokens", 8,
+                         "--num_samples", 1, "--dtype", "bfloat16")
+    assert code == 0, err
+    assert out.startswith("Hello, world") and "8 tokens in" in out and "bfloat16" in out
