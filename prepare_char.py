@@ -1,0 +1,148 @@
+"""
+Character-level datasets: one token per character, NanoGPT's 90% / 10% train / val split.
+
+    python prepare_char.py                                  # Tiny Shakespeare, downloaded (needs a network)
+    python prepare_char.py --input=path/to/tinyshakespeare.txt   # Tiny Shakespeare (or any text) from a local file
+    python prepare_char.py --corpus=stdlib                  # offline: the Python standard library's own .py sources
+
+Writes train.bin, val.bin (uint16 token ids) and meta.json into --out_dir (default
+data/shakespeare_char or data/stdlib_char), each file atomically, through tokenizer.py's helpers.
+
+The stdlib corpus exists wherever Python does, so the quick start needs no download: every `.py`
+file under the running interpreter's standard library folder (site-packages excluded) whose text
+is pure ASCII, in a fixed pseudo-random order (by a hash of the file's relative path, so that
+both splits mix all kinds of modules), files separated by a blank line. Its exact content depends
+on the Python version and on what the distribution ships, so figures on it are not comparable
+across machines; Tiny Shakespeare is the benchmark corpus.
+"""
+
+import argparse
+import hashlib
+import sys
+import sysconfig
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from tokenizer import CharTokenizer, write_meta, write_tokens_atomically
+
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+DEFAULT_OUT = {"shakespeare": "data/shakespeare_char", "stdlib": "data/stdlib_char"}
+TRAIN_FRACTION = 0.9
+
+
+def download_shakespeare(timeout=30):
+    try:
+        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=timeout) as response:
+            return response.read().decode("utf-8")
+    except Exception as e:
+        raise SystemExit(
+            f"could not download Tiny Shakespeare from {SHAKESPEARE_URL} ({type(e).__name__}: {e}).\n"
+            f"Without a network, pass a local copy with --input=path/to/tinyshakespeare.txt, or use the offline "
+            f"corpus: python prepare_char.py --corpus=stdlib"
+        ) from None
+
+
+def stdlib_files(root=None):
+    """The standard library's pure-ASCII .py files, as (relative path, text), in a fixed order."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    found = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if {"site-packages", "dist-packages", "__pycache__"} & set(rel.parts):
+            continue
+        try:
+            text = path.read_bytes().decode("ascii")
+        except (OSError, UnicodeDecodeError):
+            continue
+        text = text.replace("\r\n", "\n")
+        if text.strip():
+            found.append((rel.as_posix(), text))
+    found.sort(key=lambda item: hashlib.sha1(item[0].encode()).hexdigest())
+    return found
+
+
+def stdlib_corpus(root=None, max_chars=0):
+    files = stdlib_files(root)
+    if not files:
+        raise SystemExit(f"found no .py files under {root or sysconfig.get_paths()['stdlib']}")
+    pieces, total = [], 0
+    for _, text in files:
+        pieces.append(text)
+        total += len(text) + 2
+        if max_chars and total >= max_chars:
+            break
+    text = "\n\n".join(pieces)
+    return text[:max_chars] if max_chars else text
+
+
+def encode(text, tokenizer):
+    """Character ids as uint16; a lookup table when every character is below U+0100 (fast on tens of MB)."""
+    if all(ord(ch) < 256 for ch in tokenizer.chars):
+        table = np.zeros(256, dtype=np.uint16)
+        for i, ch in enumerate(tokenizer.chars):
+            table[ord(ch)] = i
+        return table[np.frombuffer(text.encode("latin-1"), dtype=np.uint8)]
+    return np.array(tokenizer.encode(text), dtype=np.uint16)
+
+
+def prepare(text, out_dir, source):
+    """Write a character-level dataset of `text` into out_dir; return its meta dict."""
+    if len(text) < 2:
+        raise SystemExit("the text is too short to split into train and val")
+    chars = "".join(sorted(set(text)))
+    if len(chars) > 65536:
+        raise SystemExit(f"{len(chars)} distinct characters do not fit in uint16 token ids")
+    tokenizer = CharTokenizer(chars)
+    n = len(text)
+    split = int(n * TRAIN_FRACTION)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_ids, val_ids = encode(text[:split], tokenizer), encode(text[split:], tokenizer)
+    write_tokens_atomically(out_dir / "train.bin", train_ids)
+    write_tokens_atomically(out_dir / "val.bin", val_ids)
+    meta = {
+        "tokenizer": "char",
+        "vocab_size": len(chars),
+        "chars": chars,
+        "tokens": {"train": int(train_ids.size), "val": int(val_ids.size)},
+        "source": source,
+        "characters": n,
+    }
+    write_meta(out_dir, meta)  # last, so a complete meta.json means a complete dataset
+    return meta
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", choices=("shakespeare", "stdlib"), default="shakespeare")
+    parser.add_argument("--input", default="", help="a local UTF-8 text file instead of the download")
+    parser.add_argument("--out_dir", default="", help="default: data/shakespeare_char (also for --input), or data/stdlib_char for --corpus=stdlib")
+    parser.add_argument("--max_chars", type=int, default=0, help="stdlib corpus: keep at most this many characters (0 = all)")
+    args = parser.parse_args(argv)
+
+    if args.input:
+        path = Path(args.input)
+        if not path.is_file():
+            raise SystemExit(f"--input={args.input}: no such file")
+        text = path.read_text(encoding="utf-8")
+        source = f"file:{path.name}"
+    elif args.corpus == "shakespeare":
+        print(f"downloading {SHAKESPEARE_URL}")
+        text = download_shakespeare()
+        source = SHAKESPEARE_URL
+    else:
+        text = stdlib_corpus(max_chars=args.max_chars)
+        source = f"python{sys.version_info.major}.{sys.version_info.minor} stdlib .py sources"
+    out_dir = args.out_dir or DEFAULT_OUT[args.corpus]
+    if args.corpus == "shakespeare" and not args.input:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "input.txt").write_text(text, encoding="utf-8")
+    meta = prepare(text, out_dir, source)
+    print(f"{source}: {meta['characters']:,} characters, vocab {meta['vocab_size']}, "
+          f"{meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens -> {out_dir}")
+
+
+if __name__ == "__main__":
+    main()

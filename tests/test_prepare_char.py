@@ -1,0 +1,91 @@
+"""prepare_char.py: character-level datasets from Tiny Shakespeare or the Python standard library."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import prepare_char as P
+from conftest import REPO, SHAKESPEARE, needs_shakespeare
+from tokenizer import CharTokenizer, read_meta, tokenizer_from_meta
+
+
+def decode_file(path, meta):
+    return tokenizer_from_meta(meta).decode(np.fromfile(path, dtype=np.uint16).tolist())
+
+
+def test_prepare_writes_the_data_contract(tmp_path):
+    text = "hello world\nthe quick brown fox é\n" * 50
+    meta = P.prepare(text, tmp_path, "test")
+    assert read_meta(tmp_path) == meta
+    assert meta["tokenizer"] == "char" and meta["chars"] == "".join(sorted(set(text)))
+    assert meta["vocab_size"] == len(meta["chars"])
+    split = int(len(text) * 0.9)
+    assert meta["tokens"] == {"train": split, "val": len(text) - split}
+    assert decode_file(tmp_path / "train.bin", meta) + decode_file(tmp_path / "val.bin", meta) == text
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_fast_encoding_matches_the_tokenizer():
+    text = "abc\tXYZ 123\n~!" * 7
+    tok = CharTokenizer("".join(sorted(set(text))))
+    assert P.encode(text, tok).tolist() == tok.encode(text)
+    wide = "naïve → ok ✓"
+    tok = CharTokenizer("".join(sorted(set(wide))))
+    assert P.encode(wide, tok).tolist() == tok.encode(wide)
+
+
+def test_stdlib_corpus_is_offline_ascii_python():
+    files = P.stdlib_files()
+    assert len(files) > 100
+    names = [name for name, _ in files]
+    assert "os.py" in names and not any("site-packages" in n for n in names)
+    assert names == sorted(names, key=lambda n: __import__("hashlib").sha1(n.encode()).hexdigest())
+    text = P.stdlib_corpus(max_chars=200_000)
+    assert len(text) == 200_000 and text.isascii()
+    assert P.stdlib_corpus(max_chars=200_000) == text  # deterministic
+
+
+def test_command_line_stdlib(tmp_path):
+    out = tmp_path / "stdlib_char"
+    result = subprocess.run([sys.executable, str(REPO / "prepare_char.py"), "--corpus=stdlib", "--max_chars=100000",
+                             f"--out_dir={out}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    meta = read_meta(out)
+    assert meta["tokens"]["train"] + meta["tokens"]["val"] == 100_000
+    assert meta["vocab_size"] <= 100  # printable ASCII, newline, tab
+
+
+def test_command_line_local_file(tmp_path):
+    src = tmp_path / "input.txt"
+    src.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20, encoding="utf-8")
+    out = tmp_path / "char"
+    P.main([f"--input={src}", f"--out_dir={out}"])
+    meta = read_meta(out)
+    assert meta["source"] == "file:input.txt"
+    assert decode_file(out / "train.bin", meta) + decode_file(out / "val.bin", meta) == src.read_text()
+
+
+def test_missing_input_and_failed_download_are_clear(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="no such file"):
+        P.main([f"--input={tmp_path / 'nope.txt'}", f"--out_dir={tmp_path / 'x'}"])
+
+    def offline(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(P.urllib.request, "urlopen", offline)
+    with pytest.raises(SystemExit) as err:
+        P.main([f"--out_dir={tmp_path / 'y'}"])
+    assert "--input=" in str(err.value) and "--corpus=stdlib" in str(err.value)
+    assert not (tmp_path / "y" / "meta.json").exists()
+
+
+@needs_shakespeare
+def test_tiny_shakespeare_matches_nanogpt(tmp_path):
+    P.main([f"--input={SHAKESPEARE}", f"--out_dir={tmp_path}"])
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    # NanoGPT's shakespeare_char/prepare.py reports exactly these
+    assert meta["vocab_size"] == 65
+    assert meta["tokens"] == {"train": 1_003_854, "val": 111_540}
+    assert meta["chars"] == "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

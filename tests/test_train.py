@@ -1,0 +1,465 @@
+"""train.py: configuration, data checks, exact resume, DDP equivalence, atomic checkpoints, signals.
+
+Everything runs on CPU with tiny models; the in-process runs take well under a second each."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import train as T
+from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
+from conftest import REPO
+from model import GPT
+from prepare_char import prepare
+
+TEXT = "".join(
+    random.Random(0).choice(["the cat sat. ", "a dog ran! ", "\n", "to be or not to be? ", "ok, "])
+    for _ in range(3000)
+)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data") / "tiny_char"
+    prepare(TEXT, d, "test text")
+    return d
+
+
+def tiny(tmp_path, data_dir, **overrides):
+    config = dict(
+        out_dir=str(tmp_path / "out"), data_dir=str(data_dir), device="cpu", compile=False, num_threads=1,
+        n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
+        max_iters=8, eval_interval=4, eval_iters=2, log_interval=1, warmup_iters=2, lr_decay_iters=8,
+        learning_rate=1e-3, min_lr=1e-4, beta2=0.99, dropout=0.0, always_save_checkpoint=True,
+    )
+    config.update(overrides)
+    return config
+
+
+def params(out_dir):
+    return load_checkpoint(out_dir)["model"]
+
+
+def subprocess_env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.pop("RANK", None)
+    return env
+
+
+# -----------------------------------------------------------------------------
+# configuration
+
+def test_overrides_parse_as_python_literals():
+    config = T.get_config(["--max_iters=10", "--learning_rate=1e-3", "--compile=False", "--attention=efficient",
+                           "--out_dir='out-x'", "--dropout=0", "--wandb_run_name=2024"])
+    assert config["max_iters"] == 10 and config["learning_rate"] == 1e-3 and config["compile"] is False
+    assert config["attention"] == "efficient" and config["out_dir"] == "out-x"
+    assert config["dropout"] == 0.0 and isinstance(config["dropout"], float)  # an int is fine for a float
+    assert config["wandb_run_name"] == "2024"
+
+
+def test_config_file_then_overrides(tmp_path):
+    path = tmp_path / "cfg.py"
+    path.write_text("import math\nn_layer = 3\nlearning_rate = 2e-4\n_private = 'ignored'\n")
+    config = T.get_config([str(path), "--n_layer=5"])
+    assert config["n_layer"] == 5 and config["learning_rate"] == 2e-4
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--no_such_key=1"], ["no_such_key", "unknown"]),
+    (["--max_iters=1.5"], ["max_iters", "int", "float"]),
+    (["--compile=1"], ["compile", "bool", "int"]),
+    (["--learning_rate=fast"], ["learning_rate", "float", "str"]),
+    (["--batch_size=True"], ["batch_size", "int", "bool"]),
+])
+def test_config_errors_name_key_and_type(argv, words):
+    with pytest.raises(T.ConfigError) as err:
+        T.get_config(argv)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_config_file_errors(tmp_path):
+    unknown = tmp_path / "unknown.py"
+    unknown.write_text("n_layers = 4\n")  # a typo of n_layer
+    with pytest.raises(T.ConfigError, match="n_layers"):
+        T.get_config([str(unknown)])
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("eval_iters = '20'\n")
+    with pytest.raises(T.ConfigError, match="eval_iters.*int"):
+        T.get_config([str(wrong)])
+    with pytest.raises(T.ConfigError, match="not found"):
+        T.get_config([str(tmp_path / "missing.py")])
+
+
+def test_train_dict_is_checked_too(tmp_path, data_dir):
+    with pytest.raises(T.ConfigError, match="n_layerz"):
+        T.train(tiny(tmp_path, data_dir, n_layerz=2))
+    with pytest.raises(T.ConfigError, match="attention"):
+        T.train(tiny(tmp_path, data_dir, attention="linear"))
+    with pytest.raises(T.ConfigError, match="init_from"):
+        T.train(tiny(tmp_path, data_dir, init_from="gpt3"))
+
+
+def test_main_prints_clear_error(tmp_path, capsys):
+    assert T.main(["--max_iters=ten"]) == 1
+    assert "max_iters" in capsys.readouterr().err
+
+
+def test_every_shipped_config_parses():
+    for path in sorted((REPO / "config").glob("*.py")):
+        config = T.resolve_config(T.get_config([str(path)]))
+        assert config["attention"] == "standard"
+        T.resolve_config(T.get_config([str(path), "--attention=efficient"]))
+
+
+def test_paper_config_is_the_paper_setting():
+    c = T.get_config([str(REPO / "config" / "train_paper_lm.py")])
+    assert c["block_size"] == 1024 and c["batch_size"] == 5 and c["batch_size"] * c["gradient_accumulation_steps"] == 500
+
+
+def test_lr_schedule_warmup_then_cosine():
+    c = T.resolve_config(dict(learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=2000))
+    assert T.get_lr(0, c) == pytest.approx(1e-3 / 101)
+    assert T.get_lr(100, c) == pytest.approx(1e-3)
+    assert T.get_lr(1050, c) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert T.get_lr(2000, c) == pytest.approx(1e-4)
+    assert T.get_lr(5000, c) == pytest.approx(1e-4)
+
+
+def test_init_from_gpt2_with_other_attention_is_a_clear_error(tmp_path, data_dir):
+    with pytest.raises(T.ConfigError, match="standard attention only"):
+        T.train(tiny(tmp_path, data_dir, init_from="gpt2", attention="efficient"))
+
+
+# -----------------------------------------------------------------------------
+# data errors, all before any training starts
+
+def write_char_data(d, train_ids, val_ids, vocab_size=40):
+    from tokenizer import write_meta
+    d.mkdir(parents=True, exist_ok=True)
+    np.asarray(train_ids, dtype=np.uint16).tofile(d / "train.bin")
+    np.asarray(val_ids, dtype=np.uint16).tofile(d / "val.bin")
+    chars = "".join(chr(33 + i) for i in range(vocab_size))
+    write_meta(d, {"tokenizer": "char", "vocab_size": vocab_size, "chars": chars,
+                   "tokens": {"train": len(train_ids), "val": len(val_ids)}})
+
+
+@pytest.mark.parametrize("case, match", [
+    ("missing_dir", "not found"),
+    ("missing_val", "val.bin not found"),
+    ("empty_train", "train.bin is empty"),
+    ("too_short", "fewer than block_size \\+ 1 = 17"),
+    ("no_meta", "meta.json not found"),
+    ("vocab_too_small", "vocab_size=10 is too small.*largest token id is 39"),
+    ("meta_disagrees", "token id 39.*vocab_size=20"),
+])
+def test_data_errors(tmp_path, case, match):
+    d = tmp_path / "data"
+    ids = np.arange(200) % 40
+    overrides = {}
+    if case != "missing_dir":
+        write_char_data(d, ids, ids)
+    if case == "missing_val":
+        (d / "val.bin").unlink()
+    elif case == "empty_train":
+        (d / "train.bin").write_bytes(b"")
+    elif case == "too_short":
+        np.arange(16, dtype=np.uint16).tofile(d / "val.bin")
+    elif case == "no_meta":
+        (d / "meta.json").unlink()
+    elif case == "vocab_too_small":
+        overrides["vocab_size"] = 10
+    elif case == "meta_disagrees":
+        meta = json.loads((d / "meta.json").read_text())
+        meta.update(vocab_size=20, chars=meta["chars"][:20])
+        (d / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(T.DataError, match=match):
+        T.train(tiny(tmp_path, d, **overrides))
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_resume_with_other_model_args_is_a_clear_error(tmp_path, data_dir):
+    T.train(tiny(tmp_path, data_dir, max_iters=4))
+    before = (tmp_path / "out" / CHECKPOINT_NAME).read_bytes()
+    with pytest.raises(CheckpointError, match="n_layer: checkpoint 2, requested 3"):
+        T.train(tiny(tmp_path, data_dir, init_from="resume", n_layer=3))
+    with pytest.raises(CheckpointError, match="attention: checkpoint 'standard', requested 'super'"):
+        T.train(tiny(tmp_path, data_dir, init_from="resume", attention="super"))
+    assert (tmp_path / "out" / CHECKPOINT_NAME).read_bytes() == before
+
+
+def test_resume_without_checkpoint(tmp_path, data_dir):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        T.train(tiny(tmp_path, data_dir, init_from="resume"))
+
+
+# -----------------------------------------------------------------------------
+# a run and what it writes
+
+def test_run_writes_checkpoint_log_and_summary(tmp_path, data_dir):
+    summary = T.train(tiny(tmp_path, data_dir, attention="efficient", max_iters=6, eval_interval=4), verbose=False)
+    out = tmp_path / "out"
+    ckpt = torch.load(out / CHECKPOINT_NAME, weights_only=True)
+    assert set(ckpt) >= {"model_args", "model", "optimizer", "iter_num", "best_val_loss", "config", "rng", "meta"}
+    assert ckpt["model_args"]["attention"] == "efficient" and ckpt["iter_num"] == 6
+    assert ckpt["config"]["max_iters"] == 6 and ckpt["meta"]["tokenizer"] == "char"
+    assert not any(k.startswith("_orig_mod.") for k in ckpt["model"])
+
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if r["type"] == "train"]
+    evals = [r for r in records if r["type"] == "eval"]
+    assert [r["iter"] for r in train_records] == [1, 2, 3, 4, 5, 6]
+    assert set(train_records[0]) == {"type", "iter", "loss", "lr", "ms_per_iter", "tokens_per_s", "mfu", "elapsed_s"}
+    assert [r["iter"] for r in evals] == [0, 4, 6]  # every eval_interval, and at the end
+    assert set(evals[0]) == {"type", "iter", "train_loss", "val_loss", "elapsed_s"}
+
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    model = GPT(T.GPTConfig(**ckpt["model_args"]))
+    assert summary["n_params"] == model.get_num_params(non_embedding=False)
+    assert summary["attention_params"] == model.get_num_attention_params()
+    assert summary["flops_per_token"] == model.flops_per_token()
+    assert summary["final_val_loss"] == evals[-1]["val_loss"] and summary["iterations"] == 6
+    assert summary["best_val_loss"] == min(r["val_loss"] for r in evals)
+    for key in ("mean_ms_per_iter", "tokens_per_s", "peak_memory_bytes", "wall_time_s", "final_train_loss"):
+        assert summary[key] > 0
+
+
+def test_loss_falls(tmp_path, data_dir):
+    T.train(tiny(tmp_path, data_dir, max_iters=40, eval_interval=40, learning_rate=3e-3,
+            lr_decay_iters=40), verbose=False)
+    records = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    evals = [r["val_loss"] for r in records if r["type"] == "eval"]
+    assert evals[-1] < evals[0] - 0.5, evals
+
+
+# -----------------------------------------------------------------------------
+# exact resume
+
+@pytest.mark.parametrize("attention", ["standard", "optimized", "efficient", "super"])
+def test_resume_equals_uninterrupted_training(tmp_path, data_dir, attention):
+    common = dict(attention=attention, dropout=0.1, max_iters=8, eval_interval=4, gradient_accumulation_steps=2)
+    T.train(tiny(tmp_path / "straight", data_dir, **common), verbose=False)
+    T.train(tiny(tmp_path / "split", data_dir, **{**common, "max_iters": 4}), verbose=False)
+    assert load_checkpoint(tmp_path / "split" / "out")["iter_num"] == 4
+    T.train(tiny(tmp_path / "split", data_dir, **common, init_from="resume"), verbose=False)
+    a, b = params(tmp_path / "straight" / "out"), params(tmp_path / "split" / "out")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    straight = load_checkpoint(tmp_path / "straight" / "out")
+    split = load_checkpoint(tmp_path / "split" / "out")
+    assert split["iter_num"] == straight["iter_num"] == 8
+    assert split["best_val_loss"] == straight["best_val_loss"]
+    # the resumed log continues the first one
+    log = [json.loads(line) for line in (tmp_path / "split" / "out" / "log.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in log if r["type"] == "train"] == list(range(1, 9))
+
+
+def test_resume_accepts_compiled_prefix(tmp_path, data_dir):
+    """NanoGPT checkpoints of compiled models carry "_orig_mod."; ours do not, but load either."""
+    T.train(tiny(tmp_path, data_dir, max_iters=4), verbose=False)
+    path = tmp_path / "out" / CHECKPOINT_NAME
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["model"] = {"_orig_mod." + k: v for k, v in ckpt["model"].items()}
+    save_checkpoint(ckpt, path)
+    T.train(tiny(tmp_path, data_dir, max_iters=6, init_from="resume"), verbose=False)
+    assert not any(k.startswith("_orig_mod.") for k in params(tmp_path / "out"))
+
+
+def test_compiled_model_saves_without_prefix(tmp_path, data_dir, monkeypatch):
+    # the eager backend wraps the model exactly as inductor does (OptimizedModule, "_orig_mod."),
+    # without the minutes of C++ compilation
+    real_compile = torch.compile
+    wrapped = []
+
+    def eager_compile(model, **kwargs):
+        compiled = real_compile(model, backend="eager")
+        wrapped.append(compiled)
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    T.train(tiny(tmp_path, data_dir, max_iters=2, compile=True), verbose=False)
+    assert wrapped and any(k.startswith("_orig_mod.") for k in wrapped[0].state_dict())
+    ckpt = torch.load(tmp_path / "out" / CHECKPOINT_NAME, weights_only=True)
+    assert not any(k.startswith("_orig_mod.") for k in ckpt["model"])
+    GPT(T.GPTConfig(**ckpt["model_args"])).load_state_dict(ckpt["model"])  # strict load
+
+
+# -----------------------------------------------------------------------------
+# DDP == single process with the accumulation steps of all ranks
+
+def test_ddp_equals_single_process(tmp_path, data_dir):
+    common = dict(max_iters=3, eval_interval=3, gradient_accumulation_steps=4, batch_size=3)
+    ddp_cfg = tiny(tmp_path / "ddp", data_dir, **common)
+    args = [f"--{k}={v!r}" for k, v in ddp_cfg.items()]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(REPO / "train.py"), *args]
+    result = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 process(es), 2 micro-step(s) per process" in result.stdout
+
+    T.train(tiny(tmp_path / "single", data_dir, **common), verbose=False)
+    a, b = params(tmp_path / "ddp" / "out"), params(tmp_path / "single" / "out")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+    summary = json.loads((tmp_path / "ddp" / "out" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["iterations"] == 3
+    # both see the same batches, so even the evaluations agree
+    single = json.loads((tmp_path / "single" / "out" / "summary.json").read_text())
+    assert summary["final_val_loss"] == pytest.approx(single["final_val_loss"], rel=1e-4)
+
+
+# -----------------------------------------------------------------------------
+# crashes, signals and NaN
+
+def test_sigkill_during_checkpoint_write_never_leaves_a_torn_checkpoint(tmp_path):
+    """A writer saves a ~24 MB checkpoint in a loop; kill it at random moments, then the checkpoint
+    must load and be one of the complete versions."""
+    path = tmp_path / "out" / CHECKPOINT_NAME
+    writer = textwrap.dedent(f"""
+        import torch
+        from checkpoint import save_checkpoint
+        big = torch.zeros(6_000_000)
+        version = 0
+        while True:
+            version += 1
+            big.fill_(version)
+            save_checkpoint({{"model_args": {{}}, "model": {{"w": big}}, "iter_num": version}}, {str(path)!r})
+    """)
+    rng = random.Random(1)
+    last_version = 0
+    for attempt in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", writer], cwd=REPO, env=subprocess_env())
+        deadline = time.time() + 60
+        while not path.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        ckpt = load_checkpoint(path)  # raises CheckpointError on a torn file
+        w = ckpt["model"]["w"]
+        assert torch.all(w == ckpt["iter_num"])  # one complete version, never a mix
+        assert ckpt["iter_num"] >= 1
+        last_version = ckpt["iter_num"]
+    assert last_version >= 1
+
+
+def test_stale_temporary_checkpoints_are_cleaned(tmp_path, data_dir):
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = out / (CHECKPOINT_NAME + ".abc123.tmp")
+    stale.write_bytes(b"half a checkpoint")
+    T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)
+    assert not stale.exists()
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data_dir, monkeypatch):
+    real_forward = GPT.forward
+    calls = {"train": 0}
+
+    def forward(self, idx, targets=None, **kwargs):
+        logits, loss = real_forward(self, idx, targets, **kwargs)
+        if self.training and targets is not None:
+            calls["train"] += 1
+            if calls["train"] > 6:  # iterations 0..5 are fine, iteration 6 diverges
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    config = tiny(tmp_path, data_dir, max_iters=20, eval_interval=4)
+    with pytest.raises(T.NonFiniteLossError, match="at iteration 6"):
+        T.train(config, verbose=False)
+    ckpt = load_checkpoint(tmp_path / "out")
+    assert ckpt["iter_num"] == 4  # the last evaluation before the NaN
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_nan_loss_from_command_line_exits_with_message(tmp_path, data_dir, monkeypatch, capsys):
+    monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None, **kw: (None, torch.tensor(float("inf"), requires_grad=True)))
+    cfg = tiny(tmp_path, data_dir, max_iters=3, eval_interval=100)
+    assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
+    assert "iteration 0" in capsys.readouterr().err
+
+
+def test_sigint_finishes_the_step_and_saves(tmp_path, data_dir, monkeypatch):
+    real_forward = GPT.forward
+    calls = {"train": 0}
+
+    def forward(self, idx, targets=None, **kwargs):
+        if self.training and targets is not None:
+            calls["train"] += 1
+            if calls["train"] == 5:  # the first micro-step of iteration 2 (2 micro-steps each)
+                os.kill(os.getpid(), signal.SIGINT)
+        return real_forward(self, idx, targets, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    summary = T.train(tiny(tmp_path, data_dir, max_iters=50, eval_interval=100, gradient_accumulation_steps=2,
+                           always_save_checkpoint=False), verbose=False)
+    assert summary["stop_reason"] == "SIGINT" and summary["iterations"] == 3
+    assert load_checkpoint(tmp_path / "out")["iter_num"] == 3
+    assert calls["train"] == 6  # the interrupted step was completed, no more
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_dir):
+    cfg = tiny(tmp_path, data_dir, max_iters=100000, eval_interval=100000, lr_decay_iters=100000)
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *[f"--{k}={v!r}" for k, v in cfg.items()]],
+                            cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "out" / "log.jsonl"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if log.exists() and log.read_text().count('"type": "train"') >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "received SIGTERM" in stdout
+    ckpt = load_checkpoint(tmp_path / "out")
+    last = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    assert ckpt["iter_num"] == last["iter"] >= 3
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["stop_reason"] == "SIGTERM"
+
+
+# -----------------------------------------------------------------------------
+# hooks and the quick start
+
+def test_hellaswag_hook_is_optional(tmp_path, data_dir, monkeypatch):
+    import types
+
+    fake = types.ModuleType("eval_hellaswag")
+    fake.load_examples = lambda path, limit: ["example"] * 3
+    fake.evaluate = lambda model, examples, tokenizer, device, batch_size: dict(acc=0.25, acc_norm=0.5, acc_char_norm=0.5, n=3)
+    monkeypatch.setitem(sys.modules, "eval_hellaswag", fake)
+    T.train(tiny(tmp_path, data_dir, max_iters=4, hellaswag_interval=2, hellaswag_file="x.jsonl"), verbose=False)
+    records = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    hs = [r for r in records if r["type"] == "hellaswag"]
+    assert [r["iter"] for r in hs] == [2, 4] and hs[0]["acc_norm"] == 0.5 and hs[0]["n"] == 3
+
+    monkeypatch.setitem(sys.modules, "eval_hellaswag", None)  # import fails: train on without it
+    summary = T.train(tiny(tmp_path / "b", data_dir, max_iters=2, hellaswag_interval=1, hellaswag_file="x.jsonl"),
+                      verbose=False)
+    assert summary["iterations"] == 2
+
+
+def test_quickstart_config_runs(tmp_path):
+    from prepare_char import stdlib_corpus
+
+    d = tmp_path / "data" / "stdlib_char"
+    prepare(stdlib_corpus(max_chars=300_000), d, "stdlib")
+    config = T.get_config([str(REPO / "config" / "quickstart.py"), f"--data_dir={str(d)!r}",
+                           f"--out_dir={str(tmp_path / 'out-quickstart')!r}", "--max_iters=6", "--eval_interval=3",
+                           "--eval_iters=2", "--log_interval=1", "--device='cpu'"])
+    summary = T.train(config, verbose=False)
+    assert summary["iterations"] == 6
+    ckpt = load_checkpoint(tmp_path / "out-quickstart")
+    assert ckpt["meta"]["tokenizer"] == "char" and ckpt["iter_num"] == 6

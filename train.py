@@ -1,0 +1,793 @@
+"""
+Train a GPT whose attention is one of the four variants of arXiv 2403.01643.
+
+Single process (laptop CPU, one GPU):
+    python train.py config/train_shakespeare_char.py --attention=efficient --max_iters=3000
+DDP, one node with 8 GPUs:
+    torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
+DDP, two nodes (run on each, node_rank 0 on the master):
+    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 train.py config/train_gpt2.py
+
+Configuration works as in NanoGPT: the defaults below, then any config files named on the command
+line (plain Python, executed in order), then `--key=value` overrides parsed as Python literals.
+Unlike NanoGPT, an unknown key or a value of the wrong type stops with an error naming the key and
+the expected type, and the whole pipeline is also a function, `train(config) -> summary`, so tests
+and scripts can run it in-process.
+
+What the run writes to out_dir (rank 0 only):
+    ckpt.pt       model_args, model, optimizer, iter_num, best_val_loss, config, rng, meta; written
+                  atomically, loadable with torch.load(weights_only=True), never with "_orig_mod."
+    log.jsonl     one JSON object per logged iteration and per evaluation
+    summary.json  parameters, FLOPs, final losses, speed, peak memory and wall time of the run
+"""
+
+import ast
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint, strip_compiled_prefix
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+# default config values: train a GPT-2 (124M) on OpenWebText, as NanoGPT does
+DEFAULT_CONFIG = dict(
+    # I/O
+    out_dir="out",
+    eval_interval=2000,  # evaluate (and checkpoint) every this many iterations, and at the end
+    log_interval=1,
+    eval_iters=200,  # batches per split for each loss estimate
+    eval_only=False,  # evaluate once and exit
+    always_save_checkpoint=True,  # if False, checkpoint only when val loss improves (and on SIGINT/SIGTERM)
+    init_from="scratch",  # 'scratch', 'resume' (from out_dir/ckpt.pt) or 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'
+    # logging
+    wandb_log=False,
+    wandb_project="owt",
+    wandb_run_name="gpt2",
+    # data
+    dataset="openwebtext",
+    data_dir="",  # '' means data/<dataset>; it holds train.bin, val.bin and meta.json
+    gradient_accumulation_steps=5 * 8,  # global: split over DDP ranks
+    batch_size=12,  # micro-batch size, sequences per forward pass per rank
+    block_size=1024,
+    # model
+    n_layer=12,
+    n_head=12,
+    n_embd=768,
+    dropout=0.0,  # 0 for pretraining, try 0.1+ for finetuning
+    bias=False,  # biases in Linear and LayerNorm layers
+    attention="standard",  # 'standard', 'optimized', 'efficient' or 'super'
+    vocab_size=0,  # 0: from meta.json (GPT-2's 50257 padded up to 50304)
+    # AdamW
+    learning_rate=6e-4,
+    max_iters=600000,  # total optimizer steps
+    weight_decay=1e-1,
+    beta1=0.9,
+    beta2=0.95,
+    grad_clip=1.0,  # clip gradients at this norm, 0 to disable
+    # learning rate schedule: linear warmup, then cosine decay to min_lr
+    decay_lr=True,
+    warmup_iters=2000,
+    lr_decay_iters=600000,  # ~= max_iters per Chinchilla
+    min_lr=6e-5,  # ~= learning_rate / 10 per Chinchilla
+    # system
+    backend="auto",  # DDP backend: 'auto' is nccl on GPU, gloo on CPU
+    device="auto",  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+    dtype="auto",  # 'auto' (bfloat16 if supported, else float16 on GPU; float32 on CPU), 'float32', 'bfloat16', 'float16'
+    compile=True,  # torch.compile the model (needs a C/C++ compiler on CPU)
+    num_threads=0,  # torch intra-op threads per process, 0 keeps torch's default
+    seed=1337,
+    peak_flops=312e12,  # the denominator of MFU: A100 bf16 peak, as NanoGPT
+    # HellaSwag during training (needs eval_hellaswag.py and a GPT-2-tokenized model)
+    hellaswag_interval=0,  # 0 = off
+    hellaswag_file="",
+    hellaswag_limit=0,  # 0 = all examples in the file
+    hellaswag_batch_size=8,
+)
+
+INIT_FROM_PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+MODEL_ARG_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout", "attention")
+
+
+class ConfigError(ValueError):
+    """An unknown config key, a value of the wrong type, or a value out of range."""
+
+
+class DataError(ValueError):
+    """Training data that is missing, empty, too short, or does not fit the model."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or inf; the last good checkpoint is left as it was."""
+
+
+# -----------------------------------------------------------------------------
+# configuration
+
+def _type_name(value):
+    return type(value).__name__
+
+
+def _unknown_key(key, defaults, where=""):
+    import difflib
+
+    close = difflib.get_close_matches(key, defaults, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(f"unknown config key {key!r}{where}; {hint}known keys: {', '.join(sorted(defaults))}")
+
+
+def check_value(key, value, defaults=DEFAULT_CONFIG):
+    """Return value, coerced where lossless (an int where a float is expected), or raise ConfigError."""
+    if key not in defaults:
+        raise _unknown_key(key, defaults)
+    expected = type(defaults[key])
+    if expected is float and type(value) is int:
+        return float(value)
+    if type(value) is not expected:
+        raise ConfigError(
+            f"config key {key!r} expects a value of type {expected.__name__}, "
+            f"got {value!r} of type {_type_name(value)}"
+        )
+    return value
+
+
+def parse_override(arg, defaults=DEFAULT_CONFIG):
+    """Parse one `--key=value` argument; the value is a Python literal (strings may go unquoted)."""
+    if "=" not in arg:
+        raise ConfigError(f"cannot parse {arg!r}: write overrides as --key=value")
+    key, raw = arg[2:].split("=", 1)
+    if key not in defaults:
+        raise _unknown_key(key, defaults, f" in {arg!r}")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw  # a bare word such as --attention=efficient
+    if isinstance(defaults[key], str) and not isinstance(value, str):
+        value = raw  # e.g. --wandb_run_name=2024 stays the string '2024'
+    return key, check_value(key, value, defaults)
+
+
+def read_config_file(path, defaults=DEFAULT_CONFIG):
+    """Execute a plain-Python config file and return the settings it defines (names without a
+    leading underscore that are not modules, functions or classes)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    namespace = {}
+    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+    settings = {}
+    for key, value in namespace.items():
+        if key.startswith("_") or callable(value) or type(value).__name__ == "module":
+            continue
+        try:
+            settings[key] = check_value(key, value, defaults)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+    return settings
+
+
+def get_config(argv, defaults=DEFAULT_CONFIG):
+    """The effective config: defaults, then config files, then --key=value overrides, in order."""
+    config = dict(defaults)
+    for arg in argv:
+        if arg.startswith("--"):
+            key, value = parse_override(arg, defaults)
+            config[key] = value
+        else:
+            config.update(read_config_file(arg, defaults))
+    return config
+
+
+def resolve_config(config):
+    """Fill in defaults for keys not given, check every key and type, and check the values."""
+    full = dict(DEFAULT_CONFIG)
+    for key, value in config.items():
+        full[key] = check_value(key, value)
+    c = full
+
+    def bad(key, problem):
+        return ConfigError(f"config key {key!r}={c[key]!r}: {problem}")
+
+    for key in ("batch_size", "block_size", "gradient_accumulation_steps", "log_interval", "eval_interval",
+                "eval_iters", "n_layer", "n_head", "n_embd"):
+        if c[key] < 1:
+            raise bad(key, "must be at least 1")
+    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "num_threads", "hellaswag_interval",
+                "hellaswag_limit", "vocab_size"):
+        if c[key] < 0:
+            raise bad(key, "must not be negative")
+    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
+        if c[key] < 0 or not math.isfinite(c[key]):
+            raise bad(key, "must be a finite non-negative number")
+    if not (c["init_from"] in ("scratch", "resume") or c["init_from"] in INIT_FROM_PRETRAINED):
+        raise bad("init_from", f"choose 'scratch', 'resume' or one of {', '.join(INIT_FROM_PRETRAINED)}")
+    if c["init_from"] in INIT_FROM_PRETRAINED and c["attention"] != "standard":
+        raise ConfigError(
+            f"init_from={c['init_from']!r} loads OpenAI's GPT-2 weights, which exist for standard attention "
+            f"only, not attention={c['attention']!r}: use init_from='scratch' for the {c['attention']} variant"
+        )
+    if c["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
+        raise bad("dtype", "choose 'auto', 'float32', 'bfloat16' or 'float16'")
+    if c["backend"] not in ("auto", "nccl", "gloo"):
+        raise bad("backend", "choose 'auto', 'nccl' or 'gloo'")
+    if c["decay_lr"] and c["lr_decay_iters"] <= c["warmup_iters"]:
+        raise bad("lr_decay_iters", f"must exceed warmup_iters={c['warmup_iters']} when decay_lr is on")
+    if c["hellaswag_interval"] and not c["hellaswag_file"]:
+        raise bad("hellaswag_file", "hellaswag_interval is on, so name a HellaSwag jsonl file")
+    # the model config validates attention, n_embd % n_head, dropout
+    try:
+        GPTConfig(**{k: c[k] for k in MODEL_ARG_KEYS if k != "vocab_size"})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return c
+
+
+def get_lr(it, c):
+    """Linear warmup for warmup_iters steps, then cosine decay to min_lr at lr_decay_iters."""
+    if not c["decay_lr"]:
+        return c["learning_rate"]
+    if it < c["warmup_iters"]:
+        return c["learning_rate"] * (it + 1) / (c["warmup_iters"] + 1)
+    if it > c["lr_decay_iters"]:
+        return c["min_lr"]
+    progress = (it - c["warmup_iters"]) / (c["lr_decay_iters"] - c["warmup_iters"])
+    return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * progress)) * (c["learning_rate"] - c["min_lr"])
+
+
+# -----------------------------------------------------------------------------
+# data
+
+def _token_file(data_dir, split):
+    path = Path(data_dir) / f"{split}.bin"
+    if not path.is_file():
+        raise DataError(f"{path} not found: prepare the dataset first (e.g. python prepare_char.py)")
+    size = path.stat().st_size
+    if size == 0:
+        raise DataError(f"{path} is empty: prepare the dataset again")
+    if size % 2:
+        raise DataError(f"{path} has an odd number of bytes, so it is not a uint16 token file")
+    return path
+
+
+def _max_token(path, limit=1 << 28, chunk=1 << 24):
+    """The largest token id in a uint16 file, or None when the file is too large to scan quickly."""
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    if len(data) > limit:
+        return None
+    return max(int(data[i:i + chunk].max()) for i in range(0, len(data), chunk))
+
+
+def check_data(data_dir, block_size):
+    """Check train.bin, val.bin and meta.json before anything trains; return (meta, n_tokens, max_token)."""
+    from tokenizer import read_meta
+
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"data folder {data_dir} not found: prepare the dataset first (e.g. python prepare_char.py)")
+    paths = {split: _token_file(data_dir, split) for split in ("train", "val")}
+    try:
+        meta = read_meta(data_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise DataError(str(e)) from None
+    n_tokens, max_token = {}, -1
+    for split, path in paths.items():
+        n = path.stat().st_size // 2
+        if n < block_size + 1:
+            raise DataError(
+                f"{path} holds {n} tokens, fewer than block_size + 1 = {block_size + 1}: a training example "
+                f"needs block_size inputs plus one target. Use a smaller block_size or more data"
+            )
+        n_tokens[split] = n
+        m = _max_token(path)
+        max_token = max(max_token, meta["vocab_size"] - 1 if m is None else m)
+    if max_token >= meta["vocab_size"]:
+        raise DataError(
+            f"{data_dir} holds token id {max_token}, but its meta.json says vocab_size={meta['vocab_size']}: "
+            f"the data and meta.json do not belong together; prepare the dataset again"
+        )
+    return meta, n_tokens, max_token
+
+
+class Batches:
+    """Random (x, y) windows from a uint16 token file.
+
+    Training batches come from one torch.Generator seeded identically on every rank: each iteration
+    draws the start offsets of all its gradient_accumulation_steps * batch_size sequences at once,
+    and rank r takes its contiguous share of the micro-batches. So the global sequence of
+    micro-batches is the same whatever the number of ranks, and the generator's state, saved in
+    the checkpoint, is all an exact resume needs."""
+
+    def __init__(self, path, block_size, batch_size, device):
+        self.path, self.block_size, self.batch_size, self.device = path, block_size, batch_size, device
+        self.n = Path(path).stat().st_size // 2
+
+    def offsets(self, n_micro, generator):
+        return torch.randint(self.n - self.block_size, (n_micro, self.batch_size), generator=generator)
+
+    def get(self, ix):
+        # a fresh memmap per batch, as NanoGPT does, avoids a slow memory growth on huge files
+        data = np.memmap(self.path, dtype=np.uint16, mode="r")
+        T = self.block_size
+        rows = np.stack([data[i:i + T + 1] for i in ix.tolist()]).astype(np.int64)
+        xy = torch.from_numpy(rows)
+        x, y = xy[:, :-1], xy[:, 1:]
+        if self.device.startswith("cuda"):
+            x = x.pin_memory().to(self.device, non_blocking=True)
+            y = y.pin_memory().to(self.device, non_blocking=True)
+        elif self.device != "cpu":
+            x, y = x.to(self.device), y.to(self.device)
+        return x, y
+
+
+# -----------------------------------------------------------------------------
+# helpers
+
+def peak_memory_bytes(device):
+    if device.startswith("cuda"):
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+class _StopSignals:
+    """Turn SIGINT/SIGTERM into a flag checked after each step (main thread only)."""
+
+    def __init__(self):
+        self.received = None
+        self.previous = {}
+
+    def __enter__(self):
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+class _Log:
+    """log.jsonl (and optionally wandb) on rank 0; a no-op elsewhere."""
+
+    def __init__(self, out_dir, append, enabled, wandb_run=None):
+        self.file = None
+        self.wandb = wandb_run
+        if enabled:
+            self.file = open(Path(out_dir) / "log.jsonl", "a" if append else "w", encoding="utf-8", buffering=1)
+
+    def write(self, record):
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            kind = record["type"]
+            self.wandb.log({f"{kind}/{k}": v for k, v in record.items() if k not in ("type", "iter")},
+                           step=record["iter"])
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+
+
+# -----------------------------------------------------------------------------
+# the training run
+
+def train(config, verbose=True):
+    """Run one training as configured (a dict of DEFAULT_CONFIG keys; missing keys take their
+    defaults) and return the summary dict that is also written to out_dir/summary.json."""
+    wall_start = time.time()
+    c = resolve_config(config)
+
+    # --- distributed setup
+    ddp = int(os.environ.get("RANK", -1)) != -1 and int(os.environ.get("WORLD_SIZE", 1)) > 1
+    if ddp:
+        import torch.distributed as dist
+
+        rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    else:
+        dist, rank, local_rank, world_size = None, 0, 0, 1
+    master = rank == 0
+
+    device = c["device"]
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if ddp and device.startswith("cuda"):
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    device_type = "cuda" if device.startswith("cuda") else ("mps" if device.startswith("mps") else "cpu")
+    backend = c["backend"] if c["backend"] != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    dtype = c["dtype"]
+    if dtype == "auto":
+        if device_type == "cuda":
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        else:
+            dtype = "float32"
+    if c["gradient_accumulation_steps"] % world_size:
+        raise ConfigError(
+            f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be divisible by "
+            f"the number of DDP processes ({world_size}): the steps are split over them"
+        )
+    accum = c["gradient_accumulation_steps"] // world_size  # micro-steps per rank per iteration
+    tokens_per_iter = c["gradient_accumulation_steps"] * c["batch_size"] * c["block_size"]
+
+    def say(*args):
+        if verbose and master:
+            print(*args, flush=True)
+
+    out_dir = Path(c["out_dir"])
+    data_dir = Path(c["data_dir"] or os.path.join("data", c["dataset"]))
+
+    # --- everything that can be wrong is checked before any training starts
+    meta, n_tokens, max_token = check_data(data_dir, c["block_size"])
+    if c["init_from"] in INIT_FROM_PRETRAINED:
+        if meta["tokenizer"] != "gpt2":
+            raise DataError(f"init_from={c['init_from']!r} needs GPT-2 BPE data, but {data_dir} is {meta['tokenizer']}-level")
+        vocab_size = 50257
+    elif c["vocab_size"]:
+        vocab_size = c["vocab_size"]
+    else:
+        vocab_size = meta["vocab_size"]
+        if meta["tokenizer"] == "gpt2":
+            vocab_size = (vocab_size + 63) // 64 * 64  # 50257 -> 50304, as NanoGPT, for faster matmuls
+    if vocab_size <= max_token:
+        raise DataError(
+            f"vocab_size={vocab_size} is too small for the data in {data_dir}: its largest token id is "
+            f"{max_token}, so vocab_size must be at least {max_token + 1}"
+        )
+    model_args = dict(n_layer=c["n_layer"], n_head=c["n_head"], n_embd=c["n_embd"], block_size=c["block_size"],
+                      bias=c["bias"], vocab_size=vocab_size, dropout=c["dropout"], attention=c["attention"])
+    checkpoint = None
+    if c["init_from"] == "resume":
+        checkpoint = load_checkpoint(out_dir, map_location="cpu")
+        saved = checkpoint["model_args"]
+        mismatched = {k: (saved.get(k), v) for k, v in model_args.items() if saved.get(k) != v}
+        if mismatched:
+            details = ", ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, (a, b) in mismatched.items())
+            raise CheckpointError(
+                f"cannot resume from {out_dir / CHECKPOINT_NAME}: its model args differ from the requested ones "
+                f"({details}). Use the config the checkpoint was trained with, or another out_dir"
+            )
+        for key in ("optimizer", "iter_num", "rng"):
+            if key not in checkpoint:
+                raise CheckpointError(f"cannot resume from {out_dir / CHECKPOINT_NAME}: it has no {key!r} (not a training checkpoint)")
+
+    if ddp:
+        dist.init_process_group(backend=backend)
+    try:
+        summary = _run(c, checkpoint, meta, n_tokens, model_args, data_dir, out_dir, device, device_type, dtype,
+                       ddp, dist, rank, world_size, master, accum, tokens_per_iter, say, wall_start)
+        if ddp:
+            dist.barrier()  # no rank tears down its connections while another still uses them
+        return summary
+    finally:
+        if ddp:
+            dist.destroy_process_group()
+
+
+def _run(c, checkpoint, meta, n_tokens, model_args, data_dir, out_dir, device, device_type, dtype,
+         ddp, dist, rank, world_size, master, accum, tokens_per_iter, say, wall_start):
+    if c["num_threads"]:
+        torch.set_num_threads(c["num_threads"])
+    say("config:")
+    for key in sorted(c):
+        say(f"  {key} = {c[key]!r}")
+    say(f"device {device}, dtype {dtype}, {world_size} process(es), {accum} micro-step(s) per process, "
+        f"{tokens_per_iter:,} tokens per iteration; data {data_dir}: {n_tokens['train']:,} train / "
+        f"{n_tokens['val']:,} val tokens ({meta['tokenizer']}, vocab {meta['vocab_size']})")
+    if master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in out_dir.glob(CHECKPOINT_NAME + ".*.tmp"):  # left by a crash while saving
+            stale.unlink(missing_ok=True)
+
+    # --- model: the same initialisation on every rank, then per-rank dropout streams
+    torch.manual_seed(c["seed"])
+    if c["init_from"] in INIT_FROM_PRETRAINED:
+        model = GPT.from_pretrained(c["init_from"], dict(dropout=c["dropout"], attention=c["attention"]))
+        if c["block_size"] < model.config.block_size:
+            model.crop_block_size(c["block_size"])
+        model_args = {k: getattr(model.config, k) for k in MODEL_ARG_KEYS}
+    else:
+        model = GPT(GPTConfig(**model_args))
+    if checkpoint is not None:
+        model.load_state_dict(strip_compiled_prefix(checkpoint["model"]))
+    model.to(device)
+    torch.manual_seed(c["seed"] + rank)
+
+    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    autocast = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
+
+    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device_type)
+    if checkpoint is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        if "scaler" in checkpoint and scaler.is_enabled():
+            scaler.load_state_dict(checkpoint["scaler"])
+
+    raw_model = model
+    if c["compile"]:
+        say("compiling the model with torch.compile...")
+        model = torch.compile(model)
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
+
+    eval_model = model.module if ddp else model  # no DDP hooks when evaluating
+
+    # --- data and RNG
+    train_batches = Batches(data_dir / "train.bin", c["block_size"], c["batch_size"], device)
+    val_batches = Batches(data_dir / "val.bin", c["block_size"], c["batch_size"], device)
+    generator = torch.Generator().manual_seed(c["seed"])
+    iter_num, best_val_loss = 0, 1e9
+    if checkpoint is not None:
+        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+        rng = checkpoint["rng"]
+        generator.set_state(rng["batches"])
+        torch.set_rng_state(rng["torch"][rank] if rank < len(rng["torch"]) else rng["torch"][0])
+        if device_type == "cuda" and rng.get("cuda"):
+            states = rng["cuda"]
+            torch.cuda.set_rng_state(states[rank] if rank < len(states) else states[0], device)
+        say(f"resuming from {out_dir / CHECKPOINT_NAME} at iteration {iter_num} (best val loss {best_val_loss:.4f})")
+    start_iter = iter_num
+
+    # On CPU, small evaluation batches waste time in small matmuls: evaluate up to ~16K tokens per
+    # forward pass instead (the same sequences, so the same mean loss up to float rounding). On GPU,
+    # and with compile (fixed shapes), one batch per forward pass as in training.
+    eval_group = 1
+    if device_type == "cpu" and not c["compile"]:
+        eval_group = max(1, 16384 // (c["batch_size"] * c["block_size"]))
+
+    @torch.inference_mode()
+    def estimate_loss():
+        """Mean loss over eval_iters batches per split. The batches are the same at every evaluation
+        (their own generator, seeded fresh), so successive estimates are comparable and evaluation
+        never disturbs the training RNG. Under DDP the batches are shared out between the ranks."""
+        out = {}
+        model.eval()
+        for split, batches in (("train", train_batches), ("val", val_batches)):
+            g = torch.Generator().manual_seed(c["seed"] + 1)
+            ix = batches.offsets(c["eval_iters"], g)[rank::world_size]  # this rank's share
+            total = torch.zeros(2, dtype=torch.float64, device=device)
+            for k in range(0, len(ix), eval_group):
+                group = ix[k:k + eval_group]
+                x, y = batches.get(group.reshape(-1))
+                with autocast:
+                    _, loss = eval_model(x, y)
+                total[0] += loss.double() * len(group)  # a mean over len(group) equal batches
+                total[1] += len(group)
+            if ddp:
+                dist.all_reduce(total)
+            out[split] = (total[0] / total[1]).item()
+        model.train()
+        return out
+
+    def rng_state():
+        state = {"batches": generator.get_state(), "torch": [torch.get_rng_state()]}
+        if device_type == "cuda":
+            state["cuda"] = [torch.cuda.get_rng_state(device)]
+        if ddp:  # every rank's dropout stream, so that a DDP resume is exact too
+            gathered = [None] * world_size
+            dist.all_gather_object(gathered, {k: v for k, v in state.items() if k != "batches"})
+            state["torch"] = [g["torch"][0] for g in gathered]
+            if device_type == "cuda":
+                state["cuda"] = [g["cuda"][0] for g in gathered]
+        return state
+
+    def save(reason):
+        rng = rng_state()  # a collective under DDP: every rank calls save()
+        if not master:
+            return
+        ckpt = {
+            "model_args": model_args,
+            "model": raw_model.state_dict(),  # the uncompiled module: no "_orig_mod." prefix
+            "optimizer": optimizer.state_dict(),
+            "iter_num": iter_num,
+            "best_val_loss": best_val_loss,
+            "config": dict(c),
+            "rng": rng,
+            "meta": meta,
+        }
+        if scaler.is_enabled():
+            ckpt["scaler"] = scaler.state_dict()
+        t = time.time()
+        save_checkpoint(ckpt, out_dir / CHECKPOINT_NAME)
+        say(f"saved checkpoint to {out_dir / CHECKPOINT_NAME} at iteration {iter_num} ({reason}, {time.time() - t:.2f}s)")
+
+    # --- optional loggers and HellaSwag
+    wandb_run = None
+    if c["wandb_log"] and master:
+        import wandb
+
+        wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
+                               resume="allow" if c["init_from"] == "resume" else None)
+    log = _Log(out_dir, append=c["init_from"] == "resume", enabled=master, wandb_run=wandb_run)
+    hellaswag = None
+    if c["hellaswag_interval"] and master:
+        try:
+            import eval_hellaswag
+            from tokenizer import tokenizer_from_meta
+
+            examples = eval_hellaswag.load_examples(c["hellaswag_file"], c["hellaswag_limit"] or None)
+            hellaswag = (eval_hellaswag, examples, tokenizer_from_meta(meta))
+        except Exception as e:  # missing module, file or tokenizer: train on without it
+            say(f"warning: HellaSwag evaluation is off: {type(e).__name__}: {e}")
+
+    def run_hellaswag():
+        module, examples, tok = hellaswag
+        raw_model.eval()
+        try:
+            with autocast:
+                result = module.evaluate(raw_model, examples, tok, device, c["hellaswag_batch_size"])
+        finally:
+            raw_model.train()
+        record = {"type": "hellaswag", "iter": iter_num, **{k: v for k, v in result.items()},
+                  "elapsed_s": time.time() - wall_start}
+        log.write(record)
+        say(f"iter {iter_num}: hellaswag " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                                       for k, v in result.items()))
+
+    last_losses = {"train": None, "val": None}
+
+    def evaluate():
+        nonlocal best_val_loss
+        losses = estimate_loss()
+        last_losses.update(losses)
+        say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        log.write({"type": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
+                   "elapsed_s": time.time() - wall_start})
+        improved = losses["val"] < best_val_loss
+        if improved:
+            best_val_loss = losses["val"]
+        if iter_num > start_iter and (improved or c["always_save_checkpoint"]):
+            save("evaluation")
+
+    # --- the loop
+    step_times, stop_reason, n_steps = [], "max_iters", 0
+    model.train()
+    try:
+        with _StopSignals() as signals:
+            if c["eval_only"]:
+                evaluate()
+                stop_reason = "eval_only"
+            while not c["eval_only"]:
+                # evaluate every eval_interval iterations and at the end; a resumed run does not
+                # repeat the evaluation its checkpoint was written after
+                resumed_here = iter_num == start_iter and start_iter > 0
+                if (iter_num % c["eval_interval"] == 0 or iter_num >= c["max_iters"]) and not resumed_here:
+                    evaluate()
+                if hellaswag and iter_num % c["hellaswag_interval"] == 0 and iter_num > 0 and not resumed_here:
+                    run_hellaswag()
+                if iter_num >= c["max_iters"]:
+                    break
+
+                t0 = time.time()
+                lr = get_lr(iter_num, c)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                ix = train_batches.offsets(c["gradient_accumulation_steps"], generator)[rank * accum:(rank + 1) * accum]
+                loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+                for micro in range(accum):
+                    x, y = train_batches.get(ix[micro])
+                    # under DDP, synchronise gradients only on the last micro-step
+                    sync = nullcontext() if (not ddp or micro == accum - 1) else model.no_sync()
+                    with sync:
+                        with autocast:
+                            _, loss = model(x, y)
+                        loss_sum += loss.detach().float()
+                        scaler.scale(loss / accum).backward()
+                # one small collective per step: the mean loss over all ranks, and whether any rank was signalled
+                flags = torch.stack([loss_sum / accum, torch.tensor(float(signals.received is not None), device=device)])
+                if ddp:
+                    dist.all_reduce(flags)
+                    flags[0] /= world_size
+                loss_value, stop_flag = flags.tolist()
+                if not math.isfinite(loss_value):
+                    raise NonFiniteLossError(
+                        f"the training loss became {loss_value} at iteration {iter_num}; stopping. "
+                        f"The last good checkpoint in {out_dir} is kept as it was: lower learning_rate, "
+                        f"raise warmup_iters or use grad_clip, then resume or restart"
+                    )
+                if c["grad_clip"]:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c["grad_clip"])
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                iter_num += 1
+                n_steps += 1
+                dt = time.time() - t0
+                step_times.append(dt)
+
+                if iter_num % c["log_interval"] == 0 or iter_num == c["max_iters"]:
+                    mfu = raw_model.estimate_mfu(c["batch_size"] * accum, dt, c["peak_flops"])
+                    tokens_per_s = tokens_per_iter / dt
+                    say(f"iter {iter_num}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.2f} ms/iter, "
+                        f"{tokens_per_s:,.0f} tokens/s, mfu {mfu * 100:.2f}%")
+                    log.write({"type": "train", "iter": iter_num, "loss": loss_value, "lr": lr,
+                               "ms_per_iter": dt * 1000, "tokens_per_s": tokens_per_s, "mfu": mfu,
+                               "elapsed_s": time.time() - wall_start})
+                if stop_flag:
+                    stop_reason = signals.received or "signal on another rank"
+                    say(f"received {stop_reason}: saving a checkpoint at iteration {iter_num} and stopping")
+                    save(stop_reason)
+                    break
+    finally:
+        log.close()
+
+    # --- the summary
+    timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays for warm-up / compile
+    mean_dt = sum(timed) / len(timed) if timed else None
+    raw_model.eval()
+    summary = {
+        "attention": model_args["attention"],
+        "model_args": model_args,
+        "n_params": raw_model.get_num_params(non_embedding=False),
+        "n_params_non_embedding": raw_model.get_num_params(non_embedding=True),
+        "attention_params": raw_model.get_num_attention_params(),
+        "flops_per_token": raw_model.flops_per_token(),
+        "final_train_loss": last_losses["train"],
+        "final_val_loss": last_losses["val"],
+        "best_val_loss": best_val_loss if best_val_loss < 1e9 else None,
+        "iterations": iter_num,
+        "iterations_this_run": n_steps,
+        "stop_reason": stop_reason,
+        "mean_ms_per_iter": mean_dt * 1000 if mean_dt else None,
+        "tokens_per_s": tokens_per_iter / mean_dt if mean_dt else None,
+        "tokens_per_iter": tokens_per_iter,
+        "peak_memory_bytes": peak_memory_bytes(device),
+        "wall_time_s": time.time() - wall_start,
+        "device": device,
+        "dtype": dtype,
+        "world_size": world_size,
+        "compile": c["compile"],
+        "num_threads": torch.get_num_threads(),
+        "out_dir": str(out_dir),
+        "dataset": str(data_dir),
+    }
+    if master:
+        tmp = out_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, out_dir / "summary.json")
+        say(f"done: {n_steps} iterations in {summary['wall_time_s']:.1f}s, final val loss "
+            f"{summary['final_val_loss'] if summary['final_val_loss'] is None else round(summary['final_val_loss'], 4)}")
+    if wandb_run is not None:
+        wandb_run.finish()
+    return summary
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        print("config keys and defaults:")
+        for key, value in DEFAULT_CONFIG.items():
+            print(f"  --{key}={value!r}")
+        return 0
+    try:
+        config = get_config(argv)
+        train(config)
+    except (ConfigError, DataError, CheckpointError, NonFiniteLossError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
