@@ -172,6 +172,10 @@ def plot_losses(logs, path):
                     label=f"{variant} val")
             ax.plot([e[x] for e in evals], [e["train_loss"] for e in evals], color=color, ls="--", lw=1,
                     label=f"{variant} train (eval)")
+    # the first evaluation (at initialisation, ~ln(vocab)) would squash the curves that matter
+    later_val = [e["val_loss"] for log in logs.values() for e in log if e.get("type") == "eval" and e["iter"] > 0]
+    if later_val:
+        axes[0].set_ylim(top=max(later_val) + 0.25 * (max(later_val) - min(later_val)) + 0.05)
     axes[0].set_xlabel("iteration")
     axes[1].set_xlabel("wall-clock seconds")
     axes[0].set_ylabel("loss")

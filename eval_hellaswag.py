@@ -33,7 +33,6 @@ ending longer than block_size tokens (possible with a character-level model) is 
 block_size tokens only; such endings are counted in n_endings_truncated.
 """
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -45,12 +44,13 @@ from pathlib import Path
 
 import torch
 
+from sample import DTYPES, SampleError, autocast_context, check_device, load_model_and_tokenizer
+
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_FILENAME = "hellaswag_val.jsonl"
 HELLASWAG_VAL_SIZE = 10042
 DEFAULT_CACHE_DIR = Path(__file__).resolve().parent / "data" / "hellaswag"
 NUM_ENDINGS = 4
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 METRICS = ("acc", "acc_norm", "acc_char_norm", "acc_harness")
 
 
@@ -227,23 +227,13 @@ def continuation_logprobs(model, pairs, device="cpu", dtype="float32"):
         targets[i, :L] = torch.tensor(row[1:])
         mask[i, L - n:L] = True  # the continuation's targets are the last n of the row
     inputs, targets, mask = inputs.to(device), targets.to(device), mask.to(device)
-    with torch.no_grad(), _autocast(device, dtype):
+    with torch.no_grad(), autocast_context(device, dtype):
         logits, _ = model(inputs, all_logits=True)
     logits = logits.float()
     # log p(target) = logit[target] - logsumexp(logits): no full log-softmax copy of a (B, T, V) tensor
     token_logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     sums = (token_logprobs * mask).sum(dim=1).double().tolist()
     return list(zip(sums, n_scored))
-
-
-def _autocast(device, dtype):
-    if isinstance(dtype, torch.dtype):
-        dtype = {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype])
 
 
 def _argmax(values):
@@ -364,7 +354,6 @@ def _default_output(args):
 
 def main(argv=None):
     from checkpoint import CheckpointError
-    from sample import SampleError, check_device, load_model_and_tokenizer
     from tokenizer import TokenizerUnavailableError
 
     args = parse_args(argv)

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from model import GPT, PRETRAINED_GPT2
 from tokenizer import GPT2Tokenizer, TokenizerUnavailableError, read_meta, tokenizer_from_meta
 
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -53,14 +53,12 @@ def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
 
     Raises CheckpointError, TokenizerUnavailableError, SampleError, or RuntimeError (pretrained
     weights unreachable), each with a message meant for the user."""
-    if init_from in PRETRAINED:
-        from model import GPT
-
+    if init_from in PRETRAINED_GPT2:
         model = GPT.from_pretrained(init_from, dict(dropout=0.0)).to(device).eval()
         tokenizer = GPT2Tokenizer()
         return model, tokenizer, {"init_from": init_from, "attention": "standard", "tokenizer": "gpt2"}
     if init_from != "resume":
-        raise SampleError(f"--init_from={init_from!r}: use 'resume' (a checkpoint in --out_dir) or one of {', '.join(PRETRAINED)}")
+        raise SampleError(f"--init_from={init_from!r}: use 'resume' (a checkpoint in --out_dir) or one of {', '.join(PRETRAINED_GPT2)}")
 
     checkpoint = load_checkpoint(out_dir, map_location=device)
     try:
@@ -97,7 +95,10 @@ def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
 
 
 def autocast_context(device, dtype):
-    """float32: nothing; bfloat16/float16: torch.autocast on the device's type."""
+    """float32: nothing; bfloat16/float16: torch.autocast on the device's type. dtype is a name
+    from DTYPES or a torch.dtype."""
+    if isinstance(dtype, torch.dtype):
+        dtype = {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
     if dtype not in DTYPES:
         raise SampleError(f"--dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
     if dtype == "float32":

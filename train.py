@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint, strip_compiled_prefix
-from model import GPT, GPTConfig
+from model import GPT, PRETRAINED_GPT2, GPTConfig
 
 # -----------------------------------------------------------------------------
 # default config values: train a GPT-2 (124M) on OpenWebText, as NanoGPT does
@@ -94,7 +94,6 @@ DEFAULT_CONFIG = dict(
     hellaswag_batch_size=8,
 )
 
-INIT_FROM_PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 MODEL_ARG_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout", "attention")
 
 
@@ -208,9 +207,9 @@ def resolve_config(config):
     for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
         if c[key] < 0 or not math.isfinite(c[key]):
             raise bad(key, "must be a finite non-negative number")
-    if not (c["init_from"] in ("scratch", "resume") or c["init_from"] in INIT_FROM_PRETRAINED):
-        raise bad("init_from", f"choose 'scratch', 'resume' or one of {', '.join(INIT_FROM_PRETRAINED)}")
-    if c["init_from"] in INIT_FROM_PRETRAINED and c["attention"] != "standard":
+    if not (c["init_from"] in ("scratch", "resume") or c["init_from"] in PRETRAINED_GPT2):
+        raise bad("init_from", f"choose 'scratch', 'resume' or one of {', '.join(PRETRAINED_GPT2)}")
+    if c["init_from"] in PRETRAINED_GPT2 and c["attention"] != "standard":
         raise ConfigError(
             f"init_from={c['init_from']!r} loads OpenAI's GPT-2 weights, which exist for standard attention "
             f"only, not attention={c['attention']!r}: use init_from='scratch' for the {c['attention']} variant"
@@ -436,7 +435,7 @@ def train(config, verbose=True):
 
     # --- everything that can be wrong is checked before any training starts
     meta, n_tokens, max_token = check_data(data_dir, c["block_size"])
-    if c["init_from"] in INIT_FROM_PRETRAINED:
+    if c["init_from"] in PRETRAINED_GPT2:
         if meta["tokenizer"] != "gpt2":
             raise DataError(f"init_from={c['init_from']!r} needs GPT-2 BPE data, but {data_dir} is {meta['tokenizer']}-level")
         vocab_size = 50257
@@ -498,7 +497,7 @@ def _run(c, checkpoint, meta, n_tokens, model_args, data_dir, out_dir, device, d
 
     # --- model: the same initialisation on every rank, then per-rank dropout streams
     torch.manual_seed(c["seed"])
-    if c["init_from"] in INIT_FROM_PRETRAINED:
+    if c["init_from"] in PRETRAINED_GPT2:
         model = GPT.from_pretrained(c["init_from"], dict(dropout=c["dropout"], attention=c["attention"]))
         if c["block_size"] < model.config.block_size:
             model.crop_block_size(c["block_size"])

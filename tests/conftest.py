@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -24,3 +25,12 @@ needs_shakespeare = pytest.mark.skipif(
     not SHAKESPEARE.is_file(),
     reason="needs ../shared/data/tinyshakespeare.txt (the real corpus; it is not committed)",
 )
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run faster on one thread (no synchronisation), and much more so on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -18,13 +18,7 @@ from model import ATTENTION_VARIANTS, GPT, GPTConfig
 from tokenizer import CharTokenizer
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster than several (no synchronisation), and much more so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # -----------------------------------------------------------------------------
 # a model whose likelihoods we set by hand

@@ -16,13 +16,7 @@ CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 CHAR_META = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "tokens": {"train": 10, "val": 1}}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster than several (no synchronisation), and much more so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_checkpoint(folder, attention="standard", meta=CHAR_META, vocab_size=None, config=None, block_size=32):
