@@ -66,6 +66,7 @@ DEFAULT_CONFIG = dict(
     dropout=0.0,  # 0 for pretraining, try 0.1+ for finetuning
     bias=False,  # biases in Linear and LayerNorm layers
     attention="standard",  # 'standard', 'optimized', 'efficient' or 'super'
+    gelu_approximate="none",  # 'none': exact GELU, as NanoGPT; 'tanh': GPT-2's (set by init_from='gpt2*')
     vocab_size=0,  # 0: from meta.json (GPT-2's 50257 padded up to 50304)
     # AdamW
     learning_rate=6e-4,
@@ -77,8 +78,8 @@ DEFAULT_CONFIG = dict(
     # learning rate schedule: linear warmup, then cosine decay to min_lr
     decay_lr=True,
     warmup_iters=2000,
-    lr_decay_iters=600000,  # ~= max_iters per Chinchilla
-    min_lr=6e-5,  # ~= learning_rate / 10 per Chinchilla
+    lr_decay_iters=600000,  # usually max_iters
+    min_lr=6e-5,  # usually learning_rate / 10
     # system
     backend="auto",  # DDP backend: 'auto' is nccl on GPU, gloo on CPU
     device="auto",  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
@@ -94,7 +95,8 @@ DEFAULT_CONFIG = dict(
     hellaswag_batch_size=8,
 )
 
-MODEL_ARG_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout", "attention")
+MODEL_ARG_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout", "attention",
+                  "gelu_approximate")
 
 
 class ConfigError(ValueError):
@@ -450,8 +452,8 @@ def train(config, verbose=True):
             f"vocab_size={vocab_size} is too small for the data in {data_dir}: its largest token id is "
             f"{max_token}, so vocab_size must be at least {max_token + 1}"
         )
-    model_args = dict(n_layer=c["n_layer"], n_head=c["n_head"], n_embd=c["n_embd"], block_size=c["block_size"],
-                      bias=c["bias"], vocab_size=vocab_size, dropout=c["dropout"], attention=c["attention"])
+    model_args = {key: c[key] for key in MODEL_ARG_KEYS}
+    model_args["vocab_size"] = vocab_size
     checkpoint = None
     if c["init_from"] == "resume":
         checkpoint = load_checkpoint(out_dir, map_location="cpu")

@@ -1,5 +1,5 @@
-# GPT-2 (124M) on OpenWebText, as NanoGPT trains it: ~2.85 val loss on one node of 8x A100 40GB
-# in about 4 days. Launch:
+# GPT-2 (124M) on OpenWebText with NanoGPT's recipe: 491,520 tokens per step, 600K steps (~300B
+# tokens); NanoGPT reaches val loss ~2.85 with it on 8x A100 40GB in about four days.
 #   torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 # Another attention variant: add --attention=optimized|efficient|super
 
@@ -8,10 +8,9 @@ wandb_project = 'owt'
 wandb_run_name = 'gpt2-124M'
 
 dataset = 'openwebtext'
-# 12 batch size * 1024 block size * 5 gradaccum * 8 GPUs = 491,520 tokens per iteration
-batch_size = 12
+batch_size = 12  # sequences per micro-batch per GPU
 block_size = 1024
-gradient_accumulation_steps = 5 * 8
+gradient_accumulation_steps = 5 * 8  # global: 5 micro-batches on each of 8 GPUs; 12 * 1024 * 40 tokens per step
 
 n_layer = 12
 n_head = 12
@@ -20,17 +19,13 @@ dropout = 0.0
 bias = False
 attention = 'standard'
 
-# this makes total number of tokens be 300B
 max_iters = 600000
 lr_decay_iters = 600000
 learning_rate = 6e-4
 min_lr = 6e-5
 warmup_iters = 2000
+weight_decay = 1e-1
 
-# eval stuff
 eval_interval = 1000
 eval_iters = 200
 log_interval = 10
-
-# weight decay
-weight_decay = 1e-1

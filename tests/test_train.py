@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import train as T
-from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
+from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 from conftest import REPO
 from model import GPT
 from prepare_char import prepare
@@ -274,6 +274,16 @@ def test_resume_accepts_compiled_prefix(tmp_path, data_dir):
     save_checkpoint(ckpt, path)
     T.train(tiny(tmp_path, data_dir, max_iters=6, init_from="resume"), verbose=False)
     assert not any(k.startswith("_orig_mod.") for k in params(tmp_path / "out"))
+
+
+def test_checkpoints_from_before_the_gelu_option_keep_their_tanh_gelu(tmp_path, data_dir):
+    T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)
+    path = tmp_path / "out" / CHECKPOINT_NAME
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["model_args"]["gelu_approximate"] == "none"  # the exact GELU by default, as NanoGPT
+    del ckpt["model_args"]["gelu_approximate"]  # as written before the option existed
+    save_checkpoint(ckpt, path)
+    assert model_from_checkpoint(load_checkpoint(path)).transformer.h[0].mlp.gelu.approximate == "tanh"
 
 
 def test_compiled_model_saves_without_prefix(tmp_path, data_dir, monkeypatch):
