@@ -14,7 +14,6 @@ from conftest import REPO, needs_bpe
 from prepare_openwebtext import PrepareError, prepare
 from tokenizer import EOT_TOKEN, gpt2_encoding, read_meta
 
-pytestmark = needs_bpe  # everything here tokenizes with the GPT-2 BPE
 
 
 @pytest.fixture(autouse=True)
@@ -66,6 +65,7 @@ def check_prepared(out_dir, meta, documents, num_empty, val_fraction):
     assert sorted(os.listdir(out_dir)) == ["meta.json", "train.bin", "val.bin"]  # no temporary files
 
 
+@needs_bpe
 def test_jsonl_end_to_end(tmp_path):
     documents = make_documents(40)
     records = [{"text": doc, "id": i} for i, doc in enumerate(documents)]
@@ -78,6 +78,7 @@ def test_jsonl_end_to_end(tmp_path):
     assert meta["source"] == str(source) and meta["seed"] == 2357
 
 
+@needs_bpe
 def test_text_folder_end_to_end(tmp_path):
     documents = make_documents(12)  # each .txt file is one document, blank lines and all
     source = write_text_folder(tmp_path / "corpus", documents + EMPTY_DOCUMENTS)
@@ -88,6 +89,7 @@ def test_text_folder_end_to_end(tmp_path):
     check_prepared(tmp_path / "out", meta, documents, num_empty=2, val_fraction=0.2)
 
 
+@needs_bpe
 def test_split_is_deterministic_for_a_seed(tmp_path):
     source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": doc} for doc in make_documents(60)])
 
@@ -99,6 +101,7 @@ def test_split_is_deterministic_for_a_seed(tmp_path):
     assert bins("a", seed=2357)[1] != bins("c", seed=1)[1]  # 6 of 60 documents: another seed picks others
 
 
+@needs_bpe
 def test_two_processes_write_the_same_files_as_one(tmp_path):
     source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": doc} for doc in make_documents(30)])
     for num_proc in (1, 2):
@@ -107,6 +110,7 @@ def test_two_processes_write_the_same_files_as_one(tmp_path):
         assert (tmp_path / "proc1" / name).read_bytes() == (tmp_path / "proc2" / name).read_bytes()
 
 
+@needs_bpe
 def test_max_docs_uses_the_first_documents(tmp_path):
     documents = make_documents(30)
     source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": doc} for doc in ["", *documents]])
@@ -114,6 +118,7 @@ def test_max_docs_uses_the_first_documents(tmp_path):
     check_prepared(tmp_path / "out", meta, documents[:8], num_empty=1, val_fraction=0.25)
 
 
+@needs_bpe
 def test_interrupted_run_leaves_no_meta_and_no_partial_bin(tmp_path, monkeypatch):
     source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": doc} for doc in make_documents(30)])
     out_dir = tmp_path / "out"
@@ -142,8 +147,10 @@ def test_interrupted_run_leaves_no_meta_and_no_partial_bin(tmp_path, monkeypatch
 
 @pytest.fixture
 def no_tokenizing(monkeypatch):
+    """Input checks alone: no BPE is loaded (so these run without it) and nothing may be tokenized."""
     def fail(*args, **kwargs):
         raise AssertionError("bad input must be reported before tokenizing")
+    monkeypatch.setattr(prepare_openwebtext, "gpt2_encoding", lambda: None)
     monkeypatch.setattr(prepare_openwebtext, "tokenize_and_write", fail)
 
 
@@ -190,6 +197,7 @@ def test_bad_options_are_reported_clearly(tmp_path, no_tokenizing, option, messa
         prepare(str(tmp_path), tmp_path / "out", **option)
 
 
+@needs_bpe
 def test_cli_reports_bad_input_without_a_traceback(tmp_path):
     source = write_jsonl(tmp_path / "c.jsonl", [{"body": "a"}])
     command = [sys.executable, str(REPO / "prepare_openwebtext.py"),
