@@ -13,6 +13,7 @@ other processes on the machine inflate it; CPU time (this process and its worker
 import argparse
 import json
 import os
+import sys
 import sysconfig
 import tempfile
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 import datasets
 
 from prepare_openwebtext import load_and_split, tokenize_and_write
+from tokenizer import TokenizerUnavailableError, gpt2_encoding
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
 OWT_DOCUMENT_CHARS = 5000
@@ -68,6 +70,10 @@ def main():
     parser.add_argument("--num_proc", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per num_proc; the fastest is reported")
     args = parser.parse_args()
+    try:
+        gpt2_encoding()  # before building the corpus: offline, this needs TIKTOKEN_CACHE_DIR
+    except TokenizerUnavailableError as e:
+        sys.exit(f"error: {e}")
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
