@@ -64,6 +64,8 @@ def load_checkpoint(path, map_location="cpu"):
     missing = {"model_args", "model"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model_args", "model"}
     if missing:
         raise CheckpointError(f"{path} is not a checkpoint of this repo: it lacks {sorted(missing)}")
+    if not isinstance(checkpoint["model_args"], dict):
+        raise CheckpointError(f"{path} is not a checkpoint of this repo: its model_args is not a dict")
     checkpoint["model_args"].setdefault("gelu_approximate", "tanh")  # the only GELU before the option existed
     return checkpoint
 
