@@ -15,7 +15,6 @@ from prepare_openwebtext import PrepareError, prepare
 from tokenizer import EOT_TOKEN, gpt2_encoding, read_meta
 
 
-
 @pytest.fixture(autouse=True)
 def private_datasets_cache(monkeypatch, tmp_path):
     # keep datasets' arrow caches in the test's folder, not in ~/.cache
