@@ -7,7 +7,7 @@ uint16 memmap writes) at several --num_proc, on a local corpus of some MB. Print
                                               # (the default where Tiny Shakespeare is absent)
 
 Loading, the empty-document filter and the split run once, untimed; each timed run re-tokenizes from
-scratch (datasets' cache is bypassed) into a temporary folder. Wall time is what a run costs here, but
+scratch (datasets' cache is bypassed) into a temporary folder. Wall time is what a run costs, but
 other processes on the machine inflate it; CPU time (this process and its workers) shows the work itself.
 """
 import argparse

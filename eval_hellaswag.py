@@ -25,7 +25,7 @@ and the example counts as right when the highest-scoring ending is the labelled 
 
 The harness's plain "acc" (summed log-likelihood on its preprocessed text) comes for free from the
 same forward passes and is reported as acc_harness. The paper's 0.31 / 0.31 / 0.30 is most likely
-acc_char_norm: see docs_parts/sample_eval.md.
+acc_char_norm: see docs/hellaswag.md.
 
 Contexts longer than the model's block size are cut from the left: of context + ending, the last
 block_size + 1 tokens are kept and the first of them only conditions (as the harness does). An

@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the repo and the workplace's ../shared folder live."""
+"""Shared test fixtures: where the repo and the optional ../shared folder beside it live."""
 import os
 import sys
 from pathlib import Path

@@ -115,7 +115,7 @@ def test_command_line_prints_no_traceback(tmp_path):
 
 
 def test_pretrained_unreachable_is_a_clear_error(tmp_path):
-    # offline here: without transformers, or with it but no network (HF_HUB_OFFLINE skips its retries)
+    # forced offline: without transformers, or with it but no network (HF_HUB_OFFLINE skips its retries)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(REPO / "sample.py"), "--init_from", "gpt2", "--max_new_tokens", "2"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
