@@ -14,6 +14,7 @@ embedding. The four attention classes stand side by side below; they differ only
 (which of Q, K, V are learned) and, for super, in `align`.
 """
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclass
@@ -69,25 +71,92 @@ class LayerNorm(nn.Module):
 
 
 class KVCache:
-    """One layer's past keys and values for incremental decoding, preallocated to block_size rows.
+    """Past keys and values of every layer, for incremental decoding, preallocated to max_len positions.
 
-    Tensors are kept as (B, T, n_embd), before the head split, so that efficient and super can
-    store the raw block input once and use it as both keys and values.
+    Rows are kept as (B, max_len, n_embd), before the head split, so that efficient and super store the
+    raw block input once and use it as both keys and values; super also keeps its aligned values. The
+    buffers start at zero: rows not yet written are masked out of the scores and meet only zeros of
+    super's W^A, and 0 * 0 stays 0 where uninitialised memory could hold a NaN.
+
+    A forward either *grows* the cache (eager decoding: its tokens go at `length`, the rows so far are a
+    view that grows a row a step) or, given `input_pos`, writes at those positions and attends to all
+    max_len rows with the later ones masked (compiled decoding: every step has the same shapes and
+    buffer addresses, which is what a CUDA graph replays).
     """
 
-    def __init__(self, max_len):
+    def __init__(self, n_layer, max_len):
         self.max_len = max_len
-        self.length = 0
-        self.buffers = {}
+        self.length = 0  # positions filled so far
+        self.layers = [{} for _ in range(n_layer)]
 
-    def extend(self, name, rows):
-        """Append rows (B, T, C) at the current position; return all rows so far, a view."""
-        B, T, C = rows.shape
-        buffer = self.buffers.get(name)
-        if buffer is None or buffer.shape[0] != B:
-            buffer = self.buffers[name] = rows.new_empty(B, self.max_len, C)
-        buffer[:, self.length : self.length + T] = rows
-        return buffer[:, : self.length + T]
+    def step(self, T, device, input_pos=None):
+        """Where the T tokens of one forward go, and what each may attend to."""
+        if input_pos is not None:
+            return CacheStep(self, input_pos, fixed_size=True)
+        if self.length + T > self.max_len:
+            raise ValueError(f"the cache holds {self.max_len} positions; {self.length} are used, {T} more do not fit")
+        return CacheStep(self, torch.arange(self.length, self.length + T, device=device), fixed_size=False)
+
+    def buffer(self, layer, name, rows):
+        """Layer `layer`'s buffer `name`, made on first use with the batch size, width and dtype of rows."""
+        buffer = self.layers[layer].get(name)
+        B, _, C = rows.shape
+        if buffer is None or buffer.shape != (B, self.max_len, C) or buffer.dtype != rows.dtype:
+            buffer = self.layers[layer][name] = rows.new_zeros(B, self.max_len, C)
+            # a fixed address lets a CUDA graph update the buffer in place instead of copying it each step
+            torch._dynamo.mark_static_address(buffer)
+        return buffer
+
+
+class CacheStep:
+    """One forward through a KVCache: the positions of its tokens and, per layer, the cached rows."""
+
+    def __init__(self, cache, positions, fixed_size):
+        self.cache, self.positions, self.fixed_size = cache, positions, fixed_size
+        self.start = None if fixed_size else cache.length
+        window = cache.max_len if fixed_size else cache.length + len(positions)
+        # visible[t, s]: the t-th new token may attend to window position s (s <= its own position)
+        self.visible = torch.arange(window, device=positions.device) <= positions[:, None]
+
+    def store(self, layer, name, rows):
+        """Put this step's rows (B, T, C) into the cache; return the rows of the whole window."""
+        buffer = self.cache.buffer(layer, name, rows)
+        if self.fixed_size:
+            buffer.index_copy_(1, self.positions, rows)
+            return buffer
+        buffer[:, self.start : self.start + rows.size(1)] = rows
+        return buffer[:, : self.start + rows.size(1)]
+
+    def attention_mask(self):
+        """(attn_mask, is_causal) for scaled_dot_product_attention: a growing cache avoids the mask
+        where it can, so that a prompt entering an empty cache and single-token steps stay on the
+        fastest kernels."""
+        if not self.fixed_size and self.start == 0:
+            return None, len(self.positions) > 1
+        if not self.fixed_size and len(self.positions) == 1:
+            return None, False
+        return self.visible, False
+
+    def layer(self, index):
+        return LayerStep(self, index)
+
+    def finish(self):
+        if not self.fixed_size:
+            self.cache.length += len(self.positions)
+
+
+class LayerStep:
+    """A CacheStep seen from one layer: what an attention module reads and writes."""
+
+    def __init__(self, step, index):
+        self.step, self.index = step, index
+        self.positions, self.visible = step.positions, step.visible
+
+    def store(self, name, rows):
+        return self.step.store(self.index, name, rows)
+
+    def attention_mask(self):
+        return self.step.attention_mask()
 
 
 class CausalSelfAttention(nn.Module):
@@ -110,7 +179,7 @@ class CausalSelfAttention(nn.Module):
         """Return queries, keys and values, each (B, T, n_embd), before the head split."""
         raise NotImplementedError
 
-    def align(self, v, start, cache):
+    def align(self, v, cache):
         """Values as the scores see them; only super changes them."""
         return v
 
@@ -123,30 +192,26 @@ class CausalSelfAttention(nn.Module):
         return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
 
     def forward(self, x, cache=None):
+        """x (B, T, n_embd); cache, when decoding, is this layer's LayerStep of a KVCache."""
         B, T, C = x.size()
-        start = 0 if cache is None else cache.length
         q, k, v = self.project(x)
         if cache is not None:
-            k = cache.extend("k", k)
-            v = k if self.values_are_keys else cache.extend("v", v)
-        v = self.align(v, start, cache)
+            k = cache.store("k", k)
+            v = k if self.values_are_keys else cache.store("v", v)
+        v = self.align(v, cache)
+        y = self.attend(self.split_heads(q), self.split_heads(k), self.split_heads(v), cache)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
 
-        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
-        if start == 0:  # training, or a prompt entering an empty cache
-            attn_mask, is_causal = None, T > 1
-        elif T == 1:  # one new token sees every cached position
-            attn_mask, is_causal = None, False
-        else:  # several new tokens after a cached prefix
-            attn_mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
-            is_causal = False
-        y = F.scaled_dot_product_attention(
+    def attend(self, q, k, v, cache):
+        """H_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i for every head at once, causal: (B, n_head, T, d_k)
+        queries against (B, n_head, S, d_k) keys and values. A variant that changes the scores or the
+        mask (a temperature, a window) overrides this."""
+        attn_mask, is_causal = (None, q.size(2) > 1) if cache is None else cache.attention_mask()
+        return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        if cache is not None:
-            cache.length += T
-        return self.resid_dropout(self.c_proj(y))
 
 
 class StandardAttention(CausalSelfAttention):
@@ -186,18 +251,20 @@ class SuperAttention(EfficientAttention):
         self.align_weight = nn.Parameter(torch.eye(config.block_size))
         self.align_bias = nn.Parameter(torch.zeros(config.block_size))
 
-    def align(self, v, start, cache):
-        end = v.size(1)  # v holds raw values for window positions 0 .. end-1
-        if end > self.block_size:
-            raise ValueError(f"super attention mixes at most block_size={self.block_size} positions, got {end}")
-        # rows start..end-1 of W^A V + b; tril keeps the upper triangle out of the graph, so its
-        # gradient is exactly zero and it stays zero under AdamW
-        kernel = torch.tril(self.align_weight[:end, :end])[start:end]
-        rows = torch.matmul(kernel.to(v.dtype), v) + self.align_bias[start:end, None].to(v.dtype)
+    def align(self, v, cache):
+        window = v.size(1)  # v holds the raw values of window positions 0 .. window-1
+        if window > self.block_size:
+            raise ValueError(f"super attention mixes at most block_size={self.block_size} positions, got {window}")
         if cache is None:
-            return rows
-        # rows before `start` never change within a window, so only the new rows are computed
-        return cache.extend("v_aligned", rows)
+            # all rows of W^A V + b; tril keeps the upper triangle out of the graph, so its gradient
+            # is exactly zero and it stays zero under AdamW
+            kernel, bias = torch.tril(self.align_weight[:window, :window]), self.align_bias[:window]
+        else:
+            # only the new tokens' rows: earlier rows never change within a window
+            kernel = self.align_weight[cache.positions, :window].masked_fill(~cache.visible, 0.0)
+            bias = self.align_bias[cache.positions]
+        rows = torch.matmul(kernel.to(v.dtype), v) + bias[:, None].to(v.dtype)
+        return rows if cache is None else cache.store("v_aligned", rows)
 
     def num_structural_zeros(self):
         return self.block_size * (self.block_size - 1) // 2
@@ -252,6 +319,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self._compiled = {}  # generate(compile=True)'s decode step and its cache, made on first use
 
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer)
@@ -282,21 +350,25 @@ class GPT(nn.Module):
         attn = self.transformer.h[0].attn
         return sum(p.numel() for p in attn.parameters()) - attn.num_structural_zeros()
 
-    def forward(self, idx, targets=None, all_logits=False, kv_cache=None):
+    def forward(self, idx, targets=None, all_logits=False, kv_cache=None, input_pos=None):
         """Logits and loss. With targets, or with all_logits=True, logits cover every position
         (B, T, vocab); otherwise only the last one (B, 1, vocab), which is all sampling needs.
-        kv_cache is a list of per-layer KVCache objects, see `generate`."""
+        kv_cache is a KVCache (see `generate`); input_pos, a tensor of positions, makes the step
+        write there with fixed shapes instead of growing the cache."""
         B, T = idx.size()
-        start = 0 if kv_cache is None else kv_cache[0].length
+        start = 0 if kv_cache is None or input_pos is not None else kv_cache.length
         if start + T > self.config.block_size:
             raise ValueError(
                 f"cannot forward a sequence of {start + T} tokens: block_size is {self.config.block_size}. "
                 f"Crop the input to its last {self.config.block_size} tokens"
             )
-        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
+        step = None if kv_cache is None else kv_cache.step(T, idx.device, input_pos)
+        pos = torch.arange(T, device=idx.device) if step is None else step.positions
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for i, block in enumerate(self.transformer.h):
-            x = block(x, None if kv_cache is None else kv_cache[i])
+            x = block(x, None if step is None else step.layer(i))
+        if step is not None:
+            step.finish()
         x = self.transformer.ln_f(x)
 
         if targets is not None:
@@ -311,6 +383,7 @@ class GPT(nn.Module):
         if not 0 < block_size <= self.config.block_size:
             raise ValueError(f"crop_block_size({block_size}): must be in 1..{self.config.block_size}")
         self.config.block_size = block_size
+        self._compiled.clear()
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         for block in self.transformer.h:
             attn = block.attn
@@ -412,35 +485,90 @@ class GPT(nn.Module):
         return flops_per_iter / dt / peak_flops
 
     def new_kv_cache(self):
-        return [KVCache(self.config.block_size) for _ in self.transformer.h]
+        return KVCache(self.config.n_layer, self.config.block_size)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, compile=False):
         """Sample max_new_tokens tokens after idx (B, T). Past block_size the context slides: the
         model sees the last block_size tokens, as NanoGPT does. Since every position shifts when
-        the window moves, the cache is then rebuilt from the new window, so the result equals the
-        uncached computation. Greedy decoding is top_k=1."""
-        if temperature <= 0:
-            raise ValueError(f"temperature={temperature} must be positive (use top_k=1 for greedy decoding)")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k={top_k} must be at least 1, or None for no cut")
-        block_size = self.config.block_size
-        cache = None
-        for _ in range(max_new_tokens):
+        the window moves, the cache is then refilled from the new window, so the result equals the
+        uncached computation. Greedy decoding is top_k=1.
+
+        compile=True decodes with fixed shapes (the token at a position tensor, attention over the
+        whole preallocated cache with the future masked) through torch.compile; on CUDA that is
+        one CUDA graph replay per token. The prompt and each refill run eagerly."""
+        check_sampling(temperature, top_k)
+        if compile and not use_kv_cache:
+            raise ValueError("compile=True decodes from the KV cache: leave use_kv_cache=True")
+        with decoding_attention_kernels(idx.device):
             if not use_kv_cache:
-                logits, _ = self(idx[:, -block_size:])
-            elif cache is None or idx.size(1) > block_size:
-                cache = cache or self.new_kv_cache()  # first step, or the window slid: refill
-                for layer_cache in cache:
-                    layer_cache.length = 0
+                for _ in range(max_new_tokens):
+                    logits, _ = self(idx[:, -self.config.block_size:])
+                    idx = torch.cat((idx, sample_next(logits[:, -1], temperature, top_k)), dim=1)
+                return idx
+            return self._generate_cached(idx, max_new_tokens, temperature, top_k, compile)
+
+    def _generate_cached(self, idx, max_new_tokens, temperature, top_k, compile):
+        block_size = self.config.block_size
+        cache = self._compiled_decode_cache() if compile else self.new_kv_cache()
+        cache.length = 0
+        decode = self._compiled_decode_step() if compile else None
+        input_pos = torch.zeros(1, dtype=torch.long, device=idx.device)
+        for _ in range(max_new_tokens):
+            if cache.length == 0 or idx.size(1) > block_size:  # first step, or the window slid: refill
+                cache.length = 0
                 logits, _ = self(idx[:, -block_size:], kv_cache=cache)
+                logits = logits[:, -1]
+            elif decode is None:
+                logits = self(idx[:, -1:], kv_cache=cache)[0][:, -1]
             else:
-                logits, _ = self(idx[:, -1:], kv_cache=cache)
-            logits = logits[:, -1, :] / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            probs = F.softmax(logits, dim=-1)
-            idx_next = torch.multinomial(probs, num_samples=1)
-            idx = torch.cat((idx, idx_next), dim=1)
+                input_pos.fill_(cache.length)
+                torch.compiler.cudagraph_mark_step_begin()
+                logits = decode(idx[:, -1:], input_pos, cache)
+                cache.length += 1
+            idx = torch.cat((idx, sample_next(logits, temperature, top_k)), dim=1)
         return idx
+
+    def _decode_step(self, token, input_pos, cache):
+        """Logits (B, vocab) of one token (B, 1) at position input_pos, a fixed-shape cache step."""
+        return self(token, kv_cache=cache, input_pos=input_pos)[0][:, -1]
+
+    def _compiled_decode_step(self):
+        # compiled once per model and kept: later generate calls reuse the graphs
+        if "decode" not in self._compiled:
+            on_cuda = next(self.parameters()).is_cuda
+            self._compiled["decode"] = torch.compile(
+                self._decode_step, mode="reduce-overhead" if on_cuda else None, fullgraph=True)
+        return self._compiled["decode"]
+
+    def _compiled_decode_cache(self):
+        # kept across generate calls: the same buffer addresses let a CUDA graph be replayed, not re-recorded
+        cache = self._compiled.get("cache")
+        if cache is None or cache.max_len != self.config.block_size:
+            cache = self._compiled["cache"] = self.new_kv_cache()
+        return cache
+
+
+def check_sampling(temperature, top_k):
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be positive (use top_k=1 for greedy decoding)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be at least 1, or None for no cut")
+
+
+def sample_next(logits, temperature=1.0, top_k=None):
+    """One token per row (B, 1) from the last position's logits (B, vocab)."""
+    logits = logits / temperature
+    if top_k is not None:
+        kth_largest = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        # torch.where, not boolean indexing: no device-to-host sync on the GPU
+        logits = torch.where(logits < kth_largest, float("-inf"), logits)
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+
+
+def decoding_attention_kernels(device):
+    """SDPA backends for decoding. On CUDA, cuDNN's attention is left out: it builds a new plan for
+    every new sequence length, i.e. at every step of a growing cache, and that dominated decoding."""
+    if torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
