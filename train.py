@@ -37,6 +37,7 @@ import torch
 
 from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint, strip_compiled_prefix
 from model import GPT, PRETRAINED_GPT2, GPTConfig
+from runtime import autocast_context, peak_flops, resolve_dtype
 
 # -----------------------------------------------------------------------------
 # default config values: train a GPT-2 (124M) on OpenWebText, as NanoGPT does
@@ -87,7 +88,7 @@ DEFAULT_CONFIG = dict(
     compile=True,  # torch.compile the model (needs a C/C++ compiler on CPU)
     num_threads=0,  # torch intra-op threads per process, 0 keeps torch's default
     seed=1337,
-    peak_flops=312e12,  # the denominator of MFU: A100 bf16 peak, as NanoGPT
+    peak_flops="auto",  # MFU's denominator, FLOP/s: 'auto' is the GPU's dense bf16 peak (runtime.py); none on CPU
     # HellaSwag during training (needs eval_hellaswag.py and a GPT-2-tokenized model)
     hellaswag_interval=0,  # 0 = off
     hellaswag_file="",
@@ -133,6 +134,8 @@ def check_value(key, value, defaults=DEFAULT_CONFIG):
     expected = type(defaults[key])
     if expected is float and type(value) is int:
         return float(value)
+    if key == "peak_flops" and type(value) in (int, float):
+        return float(value)  # a number, or the default 'auto'
     if type(value) is not expected:
         raise ConfigError(
             f"config key {key!r} expects a value of type {expected.__name__}, "
@@ -216,6 +219,8 @@ def resolve_config(config):
             f"init_from={c['init_from']!r} loads OpenAI's GPT-2 weights, which exist for standard attention "
             f"only, not attention={c['attention']!r}: use init_from='scratch' for the {c['attention']} variant"
         )
+    if c["peak_flops"] != "auto" and not (math.isfinite(c["peak_flops"]) and c["peak_flops"] > 0):
+        raise bad("peak_flops", "must be 'auto' or a positive number of FLOP/s, e.g. 989e12")
     if c["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
         raise bad("dtype", "choose 'auto', 'float32', 'bfloat16' or 'float16'")
     if c["backend"] not in ("auto", "nccl", "gloo"):
@@ -414,12 +419,7 @@ def train(config, verbose=True):
         torch.cuda.set_device(device)
     device_type = "cuda" if device.startswith("cuda") else ("mps" if device.startswith("mps") else "cpu")
     backend = c["backend"] if c["backend"] != "auto" else ("nccl" if device_type == "cuda" else "gloo")
-    dtype = c["dtype"]
-    if dtype == "auto":
-        if device_type == "cuda":
-            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        else:
-            dtype = "float32"
+    dtype = resolve_dtype(c["dtype"], device)
     if c["gradient_accumulation_steps"] % world_size:
         raise ConfigError(
             f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be divisible by "
@@ -511,8 +511,10 @@ def _run(c, checkpoint, meta, n_tokens, model_args, data_dir, out_dir, device, d
     model.to(device)
     torch.manual_seed(c["seed"] + rank)
 
-    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    autocast = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+    autocast = autocast_context(device, dtype)
+    peak = peak_flops(c["peak_flops"], device)  # None: no MFU (CPU, or a GPU without a known peak)
+    if peak is None and device_type == "cuda":
+        say(f"note: no MFU: {torch.cuda.get_device_name(device)} is not in runtime.PEAK_BF16_FLOPS; set peak_flops")
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 
     optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device_type)
@@ -717,10 +719,10 @@ def _run(c, checkpoint, meta, n_tokens, model_args, data_dir, out_dir, device, d
                 step_times.append(dt)
 
                 if iter_num % c["log_interval"] == 0 or iter_num == c["max_iters"]:
-                    mfu = raw_model.estimate_mfu(c["batch_size"] * accum, dt, c["peak_flops"])
+                    mfu = None if peak is None else raw_model.estimate_mfu(c["batch_size"] * accum, dt, peak)
                     tokens_per_s = tokens_per_iter / dt
                     say(f"iter {iter_num}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.2f} ms/iter, "
-                        f"{tokens_per_s:,.0f} tokens/s, mfu {mfu * 100:.2f}%")
+                        f"{tokens_per_s:,.0f} tokens/s" + ("" if mfu is None else f", mfu {mfu * 100:.2f}%"))
                     log.write({"type": "train", "iter": iter_num, "loss": loss_value, "lr": lr,
                                "ms_per_iter": dt * 1000, "tokens_per_s": tokens_per_s, "mfu": mfu,
                                "elapsed_s": time.time() - wall_start})
