@@ -536,6 +536,9 @@ class GPT(nn.Module):
     def _compiled_decode_step(self):
         # compiled once per model and kept: later generate calls reuse the graphs
         if "decode" not in self._compiled:
+            # every model, batch size and autocast dtype gets its own graph under the one code object
+            # of _decode_step: let a process that samples several models (benchmarks, tests) keep them
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             on_cuda = next(self.parameters()).is_cuda
             self._compiled["decode"] = torch.compile(
                 self._decode_step, mode="reduce-overhead" if on_cuda else None, fullgraph=True)

@@ -8,10 +8,10 @@ Sample text from a trained checkpoint (any attention variant) or from OpenAI's G
 The attention variant and the model's shape come from the checkpoint; the tokenizer (character-level
 or GPT-2 BPE) from the dataset's meta.json, which the checkpoint carries under "meta" (older
 checkpoints: read from config["data_dir"]). Generation uses the model's KV cache unless
---no_kv_cache is given, and the tokens/s of the whole run are printed at the end.
+--no_kv_cache is given; --compile decodes through torch.compile (on a GPU, a CUDA graph per token:
+worth its warm-up for long generations). The tokens/s of the whole run are printed at the end.
 """
 import argparse
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -19,10 +19,9 @@ from pathlib import Path
 import torch
 
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from model import GPT, PRETRAINED_GPT2
+from model import GPT, PRETRAINED_GPT2, check_sampling
+from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype
 from tokenizer import GPT2Tokenizer, TokenizerUnavailableError, read_meta, tokenizer_from_meta
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class SampleError(RuntimeError):
@@ -94,28 +93,12 @@ def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
     }
 
 
-def autocast_context(device, dtype):
-    """float32: nothing; bfloat16/float16: torch.autocast on the device's type. dtype is a name
-    from DTYPES or a torch.dtype."""
-    if isinstance(dtype, torch.dtype):
-        dtype = {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
-    if dtype not in DTYPES:
-        raise SampleError(f"--dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype])
-
-
 def check_device(device):
+    """The device to run on ('auto': cuda if available), or a SampleError saying why it cannot be used."""
     try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise SampleError(f"--device={device!r} is not a device torch knows: {e}") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SampleError(f"--device={device}: CUDA is not available here; use --device cpu")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise SampleError(f"--device={device}: MPS is not available here; use --device cpu")
-    return device
+        return resolve_device(device)
+    except ValueError as e:
+        raise SampleError(str(e)) from e
 
 
 # -----------------------------------------------------------------------------
@@ -150,10 +133,10 @@ def safe_decode(tokenizer, ids):
 
 
 def sample(model, tokenizer, start_ids, num_samples, max_new_tokens, temperature=0.8, top_k=200,
-           device="cpu", dtype="float32", use_kv_cache=True):
-    """Generate num_samples continuations one after the other. Returns (texts, seconds spent generating)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be positive (use --top_k 1 for greedy decoding)")
+           device="cpu", dtype="float32", use_kv_cache=True, compile=False):
+    """Generate num_samples continuations one after the other. Returns (texts, seconds spent generating);
+    with compile=True the first sample's time includes compiling."""
+    check_sampling(temperature, top_k)
     if max_new_tokens < 0 or num_samples < 1:
         raise ValueError("max_new_tokens must be >= 0 and num_samples >= 1")
     x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]
@@ -161,7 +144,8 @@ def sample(model, tokenizer, start_ids, num_samples, max_new_tokens, temperature
     with torch.no_grad(), autocast_context(device, dtype):
         for _ in range(num_samples):
             t0 = time.perf_counter()
-            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, use_kv_cache=use_kv_cache)
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k,
+                               use_kv_cache=use_kv_cache, compile=compile)
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             seconds += time.perf_counter() - t0
@@ -179,24 +163,33 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=0.8, help="> 0; lower is more deterministic")
     p.add_argument("--top_k", type=int, default=200, help="keep the top_k most likely tokens; 0 = no cut")
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: bfloat16 on CUDA if supported, else float32")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, mps")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on CUDA if supported, else float32")
     p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context at every step (slower)")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through torch.compile with a fixed-shape cache (CUDA graphs on a GPU); compiling "
+                        "takes a while, so it pays for long generations")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on CPU (0 = torch's default)")
     return p.parse_args(argv)
+
+
+def check_arguments(args):
+    if args.temperature <= 0:
+        raise SampleError(f"--temperature={args.temperature} must be positive (for greedy decoding use --top_k 1)")
+    if args.num_samples < 1 or args.max_new_tokens < 0:
+        raise SampleError("--num_samples must be at least 1 and --max_new_tokens at least 0")
+    if args.top_k < 0:
+        raise SampleError("--top_k must be >= 1, or 0 for no cut")
+    if args.compile and args.no_kv_cache:
+        raise SampleError("--compile decodes from the KV cache: drop --no_kv_cache")
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
-        if args.temperature <= 0:
-            raise SampleError(f"--temperature={args.temperature} must be positive (for greedy decoding use --top_k 1)")
-        if args.num_samples < 1 or args.max_new_tokens < 0:
-            raise SampleError("--num_samples must be at least 1 and --max_new_tokens at least 0")
-        if args.top_k < 0:
-            raise SampleError("--top_k must be >= 1, or 0 for no cut")
+        check_arguments(args)
         device = check_device(args.device)
-        dtype = args.dtype or ("bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32")
+        dtype = resolve_dtype(args.dtype, device)
         if args.threads > 0:
             torch.set_num_threads(args.threads)
         torch.manual_seed(args.seed)
@@ -214,7 +207,7 @@ def main(argv=None):
         texts, seconds = sample(
             model, tokenizer, start_ids, args.num_samples, args.max_new_tokens,
             temperature=args.temperature, top_k=args.top_k or None, device=device, dtype=dtype,
-            use_kv_cache=not args.no_kv_cache,
+            use_kv_cache=not args.no_kv_cache, compile=args.compile,
         )
     except (CheckpointError, TokenizerUnavailableError, SampleError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -231,7 +224,7 @@ def main(argv=None):
     print(
         f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s "
         f"({info['attention']} attention, {info['tokenizer']} tokenizer, {device}, {dtype}, "
-        f"KV cache {'off' if args.no_kv_cache else 'on'})"
+        f"KV cache {'off' if args.no_kv_cache else 'on'}{', compiled' if args.compile else ''})"
     )
     return 0
 

@@ -402,7 +402,7 @@ def train(config, verbose=True):
     c = resolve_config(config)
 
     # --- distributed setup
-    ddp = int(os.environ.get("RANK", -1)) != -1 and int(os.environ.get("WORLD_SIZE", 1)) > 1
+    ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun, even with one process (as NanoGPT)
     if ddp:
         import torch.distributed as dist
 

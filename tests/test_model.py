@@ -2,6 +2,7 @@
 KV-cached generation, FLOP counts and input validation."""
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -254,12 +255,47 @@ def test_cached_logits_equal_recomputed_logits(attention):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_fixed_shape_cache_steps_equal_recomputed_logits(attention):
+    """The compiled decoder's step (a token at a position tensor, attention over the whole buffer with
+    the future masked) gives the recomputed logits, also when the buffers still hold an older sequence."""
+    model = tiny_model(attention)
+    block = TINY["block_size"]
+    idx = random_tokens(2, block)
+    with torch.no_grad():
+        full, _ = model(idx, all_logits=True)
+        cache = model.new_kv_cache()
+        model(random_tokens(2, block, seed=9), kv_cache=cache)  # stale rows everywhere
+        cache.length = 0
+        pieces = [model(idx[:, :3], all_logits=True, kv_cache=cache)[0]]
+        for t in range(3, block):
+            pieces.append(model(idx[:, t : t + 1], all_logits=True, kv_cache=cache, input_pos=torch.tensor([t]))[0])
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_compiled_generation_equals_eager(attention):
+    model = tiny_model(attention)
+    prompt = random_tokens(2, 5)
+    steps = 2 * TINY["block_size"]  # the window slides: refills between compiled steps
+    for sampling in (dict(top_k=1), dict(temperature=0.9, top_k=5)):
+        torch.manual_seed(7)
+        eager = model.generate(prompt, steps, **sampling)
+        torch.manual_seed(7)
+        compiled = model.generate(prompt, steps, compile=True, **sampling)
+        assert torch.equal(compiled, eager), sampling
+
+
 def test_generate_rejects_bad_sampling_arguments():
     model = tiny_model("efficient")
     with pytest.raises(ValueError, match="temperature"):
         model.generate(random_tokens(1, 3), 2, temperature=0)
     with pytest.raises(ValueError, match="top_k"):
         model.generate(random_tokens(1, 3), 2, top_k=0)
+    with pytest.raises(ValueError, match="use_kv_cache"):
+        model.generate(random_tokens(1, 3), 2, use_kv_cache=False, compile=True)
 
 
 # ----------------------------------------------------------------------------- FLOPs
