@@ -1,37 +1,53 @@
 """
-Prepare OpenWebText (or any text corpus) for training: GPT-2 BPE token ids in train.bin / val.bin
+Prepare OpenWebText, C4 (or any text corpus) for training: GPT-2 BPE token ids in train.bin / val.bin
 (flat uint16 arrays, <|endoftext|> = 50256 after every document) plus meta.json, as tokenizer.py describes.
 
     python prepare_openwebtext.py                                  # OpenWebText from the hub, ~9B tokens
     python prepare_openwebtext.py --max_docs 2000 --out_dir data/owt_small  # a quick partial run
     python prepare_openwebtext.py --dataset my_corpus/ --out_dir data/mine  # local files, works offline
+    python prepare_openwebtext.py --dataset c4 --max_tokens 100M   # C4 (allenai/c4, en), streamed -> data/c4
 
---dataset is a hub dataset name or a local file / folder:
+--dataset is a hub dataset name, a preset (c4) or a local file / folder:
     .jsonl / .json   one document per record, its text in --text_column
     .parquet         one document per row, its text in --text_column
     .txt             each FILE is one document (its newlines are kept, \\r\\n becomes \\n)
+    (.jsonl, .json and .txt may be gzipped: .jsonl.gz, as C4's own files are)
 A folder is searched recursively and must hold files of one kind. Hub and local input go through the
 same load_dataset call (only the builder name and its data files differ); everything after it is shared.
 
-Steps: load -> drop empty documents -> train/val split as NanoGPT does -> tokenize in parallel
-(datasets.map) -> write each split into a uint16 memmap batch by batch -> meta.json.
-The .bin files are filled under temporary names and renamed once complete, and meta.json is written
-last, so a folder with a meta.json holds a complete, consistent dataset.
+Two ways through, same output:
+  default      load (materialise) -> drop empty documents -> train/val split as NanoGPT does ->
+               tokenize in parallel (datasets.map) -> write each split into a uint16 memmap batch by batch
+  --streaming  iterate the documents (load_dataset(..., streaming=True), nothing materialised) ->
+               drop empty ones -> route each to train or val -> tokenize in threads -> append to the
+               .bin files; --max_tokens stops reading once the budget is met (C4 en is ~305 GB of json.gz)
+The .bin files are filled under temporary names and renamed once complete, and meta.json is removed
+before they are touched and written last, so a folder with a meta.json holds a complete, consistent dataset.
 """
 import argparse
+import hashlib
+import itertools
 import math
 import os
+import re
 import sys
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+import numpy as np
 import pyarrow.compute as pc
-from datasets import Dataset, Features, List, Value, load_dataset
+from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
 from tqdm import tqdm
 
 from tokenizer import (
     EOT_TOKEN,
     GPT2_VOCAB_SIZE,
     META_FILENAME,
+    TOKEN_DTYPE,
     TokenizerUnavailableError,
     gpt2_encoding,
     token_memmap_writer,
@@ -43,10 +59,20 @@ from tokenizer import (
 # since been converted to plain parquet shards (data/train-000NN-of-00093.parquet, no script), which
 # current datasets releases load directly. So the canonical name works again and no mirror is needed.
 DEFAULT_DATASET = "Skylion007/openwebtext"
+DEFAULT_OUT_DIR = "data/openwebtext"
+# A preset fills the options the user left unset. C4 en is 305 GB of json.gz (828 GB of text, roughly
+# 190B GPT-2 tokens), so it streams; val.bin comes from C4's own validation split, the held-out split
+# C4 losses are usually reported on. "c4" was also the hub's old (now deprecated) name of allenai/c4.
+PRESETS = {
+    "c4": {"dataset": "allenai/c4", "dataset_config": "en", "streaming": True, "val_split": "validation",
+           "out_dir": "data/c4"},
+}
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+COMPRESSED = ".gz"  # datasets decompresses it on the fly, streaming or not
 WRITE_BATCH_DOCS = 8192  # documents copied into the memmap at a time: ~9M tokens (18 MB) of OpenWebText
 # uint16 ids keep datasets' cache of the tokenized corpus 4x smaller than the int64 it would infer
 TOKENIZED_FEATURES = Features({"ids": List(Value("uint16")), "len": Value("int64")})
+STREAM_BATCH_DOCS = 1024  # streamed documents read, routed and tokenized as one unit: ~0.5M tokens of C4
 
 
 class PrepareError(Exception):
@@ -54,40 +80,153 @@ class PrepareError(Exception):
 
 
 # -----------------------------------------------------------------------------
-# loading: a hub name or local files, into one datasets.Dataset of documents
+# options
+
+def apply_preset(dataset, out_dir, dataset_config, streaming, val_split):
+    """The five preset-able options with a preset's values filled in where the caller left None."""
+    chosen = {"dataset": dataset, "out_dir": out_dir, "dataset_config": dataset_config,
+              "streaming": streaming, "val_split": val_split}
+    for key, value in PRESETS.get(dataset, {}).items():
+        if key == "dataset" or chosen[key] is None:
+            chosen[key] = value
+    chosen["out_dir"] = chosen["out_dir"] or default_out_dir(dataset)
+    chosen["streaming"] = bool(chosen["streaming"])
+    return chosen
+
+
+def default_out_dir(dataset):
+    return PRESETS.get(dataset, {}).get("out_dir", DEFAULT_OUT_DIR)
+
+
+def split_budgets(max_tokens, val_fraction):
+    """{"train": at most this many tokens, "val": ...}; None means no limit."""
+    if max_tokens is None:
+        return {"train": None, "val": None}
+    # in decimal, as the fraction was typed: in binary floats 10 * 0.3 is just under 3, and floor gives 2
+    val = math.floor(max_tokens * Decimal(repr(val_fraction)))
+    return {"train": max_tokens - val, "val": val}
+
+
+def check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, val_split):
+    """Raise PrepareError for options that cannot work together, before anything is loaded."""
+    if num_proc < 1:
+        raise PrepareError(f"--num_proc must be at least 1, got {num_proc}")
+    if not 0 < val_fraction < 1:
+        raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
+    if max_docs is not None and max_docs < 1:
+        raise PrepareError(f"--max_docs must be at least 1, got {max_docs}")
+    if max_docs is not None and streaming:
+        raise PrepareError("--max_docs is for loaded runs; limit a --streaming run with --max_tokens")
+    if val_split is not None and val_split == split:
+        raise PrepareError(f"--val_split and --split are both {split!r}: val must come from another split")
+    if max_tokens is None:
+        return
+    if not streaming:
+        # without streaming the whole dataset is downloaded and tokenized before any budget could apply
+        raise PrepareError("--max_tokens needs --streaming (or a streaming preset such as --dataset c4); "
+                           "a loaded run is limited with --max_docs")
+    if max_tokens < 1:
+        raise PrepareError(f"--max_tokens must be at least 1, got {max_tokens}")
+    if split_budgets(max_tokens, val_fraction)["val"] < 1:
+        raise PrepareError(f"--max_tokens {max_tokens} with --val_fraction {val_fraction} leaves val.bin no "
+                           f"token (it gets floor(max_tokens * val_fraction)): raise one of them")
+
+
+def token_count(text):
+    """argparse type of --max_tokens: 100000000, 100_000_000, 1e8, 100M and 0.1B are the same."""
+    scale = {"k": 10**3, "m": 10**6, "b": 10**9}.get(text[-1:].lower(), 1)
+    number = text[:-1] if scale > 1 else text
+    try:
+        value = Decimal(number.replace("_", "")) * scale
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (write e.g. 100000000, 1e8, 100M or 30B)")
+    if not value.is_finite() or value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"not a whole number of tokens: {text!r}")
+    return int(value)
+
+
+# -----------------------------------------------------------------------------
+# loading: a hub name or local files, read through one load_dataset call
+
+@dataclass
+class Source:
+    builder: str  # a hub name, or json / parquet / text for local files
+    options: dict  # more keyword arguments of load_dataset (the config name, or the local data files)
+    description: str
+    local: bool
+
+
+def local_kind(path):
+    """The builder for a local file name (".jsonl", "x.json.gz", ...), or None if unsupported."""
+    name = path.name.lower().removesuffix(COMPRESSED)
+    suffix = Path(name).suffix
+    if path.name.lower().endswith(COMPRESSED) and LOCAL_BUILDERS.get(suffix) == "parquet":
+        return None  # parquet compresses inside the file; datasets does not read a gzipped one
+    return LOCAL_BUILDERS.get(suffix)
+
 
 def looks_like_a_path(name):
     # hub names are "name" or "owner/name"; anything else that does not exist is a mistyped path
-    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).suffix.lower() in LOCAL_BUILDERS
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or local_kind(Path(name)) is not None
 
 
-def resolve_source(dataset):
-    """(builder, load_dataset keyword arguments, description) for a hub name or a local file / folder."""
-    path = Path(dataset).expanduser()
-    if not path.exists():
-        if looks_like_a_path(dataset):
-            raise PrepareError(f"{dataset}: no such file or folder")
-        return dataset, {}, f"hub dataset {dataset!r}"
+def named_for_split(relative_path, split):
+    # the split's name as a word of the path, between separators: C4's en/c4-validation.00000-of-00008.json.gz,
+    # and the names datasets itself recognises (validation.jsonl, data/validation-00000.parquet, ...)
+    return re.search(rf"(^|[-._ /]){re.escape(split.lower())}($|[-._ /0-9])", relative_path.lower()) is not None
 
+
+def local_files(path):
+    """The data files of a local file or folder, checked to be of one supported kind."""
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in LOCAL_BUILDERS)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and local_kind(p))
         if not files:
-            raise PrepareError(f"{path}: the folder holds no {' / '.join(LOCAL_BUILDERS)} files")
+            raise PrepareError(f"{path}: the folder holds no {' / '.join(LOCAL_BUILDERS)} files (optionally .gz)")
     else:
         files = [path]
-    builders = {LOCAL_BUILDERS.get(p.suffix.lower()) for p in files}
+    builders = {local_kind(p) for p in files}
     if None in builders:
-        raise PrepareError(f"{path}: unsupported file type; use {' / '.join(LOCAL_BUILDERS)}")
+        raise PrepareError(f"{path}: unsupported file type; use {' / '.join(LOCAL_BUILDERS)} (optionally .gz)")
     if len(builders) > 1:
         raise PrepareError(f"{path}: mixes file types ({', '.join(sorted(builders))}); use one kind per run")
     if all(p.stat().st_size == 0 for p in files):
         raise PrepareError(f"{path}: no text (every file is empty)")
+    return builders.pop(), files
 
-    builder = builders.pop()
-    options = {"data_files": [str(p) for p in files]}
+
+def files_by_split(path, files, split, val_split):
+    """{split: files} for load_dataset's data_files; with val_split, the files named after it go there."""
+    if val_split is None:
+        return {split: [str(p) for p in files]}
+    if not path.is_dir():
+        raise PrepareError(f"--val_split {val_split} needs a folder holding the files of both splits, "
+                           f"the val ones named after it (as C4's c4-{val_split}.00000-of-00008.json.gz), not one file")
+    val = [p for p in files if named_for_split(str(p.relative_to(path)), val_split)]
+    train = [p for p in files if p not in val]
+    if not val or not train:
+        which = "no" if not val else "every"
+        raise PrepareError(f"{path}: {which} file has {val_split!r} as a word of its name, so --val_split "
+                           f"{val_split} cannot split the folder (e.g. c4-{val_split}.00000-of-00008.json.gz for val)")
+    return {split: [str(p) for p in train], val_split: [str(p) for p in val]}
+
+
+def resolve_source(dataset, dataset_config=None, split="train", val_split=None):
+    """Where the documents come from: a hub name (with its config) or a local file / folder."""
+    path = Path(dataset).expanduser()
+    if not path.exists():
+        if looks_like_a_path(dataset):
+            raise PrepareError(f"{dataset}: no such file or folder")
+        options = {"name": dataset_config} if dataset_config else {}
+        config = f", config {dataset_config!r}" if dataset_config else ""
+        return Source(dataset, options, f"hub dataset {dataset!r}{config}", local=False)
+
+    if dataset_config:
+        raise PrepareError(f"--dataset_config {dataset_config} is for hub datasets; local files have no configs")
+    builder, files = local_files(path)
+    options = {"data_files": files_by_split(path, files, split, val_split)}
     if builder == "text":
         options["sample_by"] = "document"  # one row per file, not per line
-    return builder, options, f"{path} ({len(files)} {builder} file{'s' if len(files) > 1 else ''})"
+    return Source(builder, options, f"{path} ({len(files)} {builder} file{'s' if len(files) > 1 else ''})", local=True)
 
 
 def describe(err):
@@ -99,40 +238,48 @@ def describe(err):
     return " <- ".join(parts)
 
 
+def load_failed(source, split, err):
+    hint = "" if source.local else " (no local file or folder has that name either)"
+    return PrepareError(f"could not load split {split!r} of {source.description}{hint}: {describe(err)}")
+
+
+def check_text_column(column_names, features, text_column, description):
+    """Raise PrepareError unless text_column exists and (where its type is known) holds text."""
+    if text_column not in column_names:
+        raise PrepareError(
+            f"{description} has no column {text_column!r}; its columns are: {', '.join(column_names)} "
+            f"(choose one with --text_column)"
+        )
+    feature = features[text_column] if features else None  # streamed sources may not know their types
+    if feature is not None and not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
+        raise PrepareError(f"{description}: column {text_column!r} holds {feature}, not text")
+
+
 def pool_size(num_proc):
     # None rather than 1: datasets then runs in this process and never starts a worker pool
     return num_proc if num_proc > 1 else None
 
 
-def load_documents(dataset, text_column="text", max_docs=None, num_proc=1):
-    """Load the documents as a datasets.Dataset and check that text_column holds text."""
-    builder, options, description = resolve_source(dataset)
+def load_documents(source, split="train", text_column="text", max_docs=None, num_proc=1):
+    """Load one split of the documents as a datasets.Dataset and check that text_column holds text."""
     try:
         if max_docs is None:
-            docs = load_dataset(builder, split="train", num_proc=pool_size(num_proc), **options)
+            docs = load_dataset(source.builder, split=split, num_proc=pool_size(num_proc), **source.options)
         else:
             # stream only the first max_docs documents instead of downloading the whole dataset
-            stream = load_dataset(builder, split="train", streaming=True, **options)
+            stream = load_dataset(source.builder, split=split, streaming=True, **source.options)
             docs = Dataset.from_list(list(stream.take(max_docs)))
     except Exception as err:
-        hint = "" if options else " (no local file or folder has that name either)"
-        raise PrepareError(f"could not load {description}{hint}: {describe(err)}") from err
+        raise load_failed(source, split, err) from err
 
     if len(docs) == 0:
-        raise PrepareError(f"{description}: no text (no documents)")
-    if text_column not in docs.column_names:
-        raise PrepareError(
-            f"{description} has no column {text_column!r}; its columns are: {', '.join(docs.column_names)} "
-            f"(choose one with --text_column)"
-        )
-    feature = docs.features[text_column]
-    if not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
-        raise PrepareError(f"{description}: column {text_column!r} holds {feature}, not text")
-    return docs, description
+        raise PrepareError(f"{source.description}: no text (no documents)")
+    check_text_column(docs.column_names, docs.features, text_column, source.description)
+    return docs
 
 
 # -----------------------------------------------------------------------------
-# empty documents, train/val split, tokenizing, writing
+# loaded runs: empty documents, train/val split, tokenizing, writing
 
 def has_text(texts):
     # None (a record without the column), "" and whitespace-only documents carry nothing to learn
@@ -152,15 +299,35 @@ def split_train_val(docs, val_fraction, seed):
     return splits
 
 
-def load_and_split(dataset, text_column="text", num_proc=1, val_fraction=0.0005, seed=2357, max_docs=None):
-    """Load the documents, drop the empty ones, split train/val; return (splits, number of empty documents)."""
-    docs, description = load_documents(dataset, text_column, max_docs, num_proc)
+def drop_empty(docs, text_column, num_proc, description):
+    """(the non-empty documents, how many were empty); PrepareError if none is left."""
     nonempty = docs.filter(has_text, input_columns=text_column, batched=True,
                            num_proc=pool_size(num_proc), desc="dropping empty documents")
     num_empty = len(docs) - len(nonempty)
     if len(nonempty) == 0:
         raise PrepareError(f"{description}: no text (all {num_empty} document(s) in column {text_column!r} are empty)")
-    return split_train_val(nonempty, val_fraction, seed), num_empty
+    return nonempty, num_empty
+
+
+def load_and_split(dataset, text_column="text", num_proc=1, val_fraction=0.0005, seed=2357, max_docs=None,
+                   dataset_config=None, split="train", val_split=None):
+    """Load the documents, drop the empty ones, split train/val; return (splits, number of empty documents).
+
+    With val_split, val is that split of the source (whole, in order) and train is `split`, unshuffled;
+    otherwise `split` is divided as NanoGPT does. max_docs limits each split read.
+    """
+    source = resolve_source(dataset, dataset_config, split, val_split)
+    return load_and_split_source(source, split, val_split, text_column, num_proc, val_fraction, seed, max_docs)
+
+
+def load_and_split_source(source, split, val_split, text_column, num_proc, val_fraction, seed, max_docs):
+    docs, num_empty = drop_empty(load_documents(source, split, text_column, max_docs, num_proc),
+                                 text_column, num_proc, source.description)
+    if val_split is None:
+        return split_train_val(docs, val_fraction, seed), num_empty
+    val, val_empty = drop_empty(load_documents(source, val_split, text_column, max_docs, num_proc),
+                                text_column, num_proc, f"split {val_split!r} of {source.description}")
+    return DatasetDict({"train": docs, "val": val}), num_empty + val_empty
 
 
 def tokenize_batch(texts):
@@ -203,39 +370,271 @@ def tokenize_and_write(splits, out_dir, text_column="text", num_proc=1, load_fro
     return {split: write_split(dset, Path(out_dir) / f"{split}.bin") for split, dset in tokenized.items()}
 
 
+def prepare_loaded(source, split, val_split, out_dir, text_column, num_proc, val_fraction, seed, max_docs):
+    """The loaded (materialised) run; returns the meta.json counts."""
+    splits, num_empty = load_and_split_source(source, split, val_split, text_column, num_proc, val_fraction, seed,
+                                              max_docs)
+    start_writing(out_dir)
+    tokens = tokenize_and_write(splits, out_dir, text_column, num_proc)
+    return {"tokens": tokens, "documents": {split: len(dset) for split, dset in splits.items()},
+            "empty_documents_skipped": num_empty}
+
+
+# -----------------------------------------------------------------------------
+# streamed runs: documents are read, routed, tokenized and appended batch by batch
+
+def open_stream(source, split, text_column):
+    """(batches of texts, number of empty documents before the first one with text) of one split.
+
+    Reading starts here and goes on to the first document with text, so a source that cannot be read,
+    has no such column or holds no text at all fails before anything is written; the rest is read lazily.
+    A text is None for a record without the column.
+    """
+    try:
+        stream = load_dataset(source.builder, split=split, streaming=True, **source.options)
+        batches = iter(stream.iter(batch_size=STREAM_BATCH_DOCS))
+        first = next(batches, None)
+    except Exception as err:
+        raise load_failed(source, split, err) from err
+    description = f"split {split!r} of {source.description}"
+    if first is None:
+        raise PrepareError(f"{description}: no text (no documents)")
+    check_text_column(list(first), stream.features, text_column, description)
+    texts = checked_texts(itertools.chain([first], batches), text_column, description)
+    num_empty = 0
+    for batch in texts:
+        if any(has_text(batch)):
+            return itertools.chain([batch], texts), num_empty
+        num_empty += len(batch)
+    raise PrepareError(f"{description}: no text (all {num_empty} document(s) in column {text_column!r} are empty)")
+
+
+def checked_texts(batches, text_column, description):
+    """The text column of each batch; errors while reading become PrepareErrors that say where."""
+    documents = 0
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as err:  # malformed JSON in a later file, a dropped connection, ...
+            raise PrepareError(f"could not read {description} after {documents:,} documents: {describe(err)}") from err
+        texts = batch.get(text_column)
+        if texts is None:
+            raise PrepareError(f"{description}: no column {text_column!r} after {documents:,} documents")
+        wrong = next((text for text in texts if text is not None and not isinstance(text, str)), None)
+        if wrong is not None:
+            raise PrepareError(f"{description}: column {text_column!r} holds {type(wrong).__name__} values, not text")
+        documents += len(texts)
+        yield texts
+
+
+def hash_router(val_fraction, seed):
+    """route(text) -> "train" | "val": val for a val_fraction share of documents, chosen by a seeded hash.
+
+    A hash of the text rather than a random draw: the choice does not depend on the order or sharding
+    of the stream, and repeated documents (web text has many) all land on the same side, so val
+    never holds a copy of a train document.
+    """
+    key = hashlib.sha256(str(seed).encode()).digest()
+    threshold = val_fraction * 2**64
+
+    def route(text):
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8, key=key).digest()
+        return "val" if int.from_bytes(digest, "little") < threshold else "train"
+    return route
+
+
+class TokenFile:
+    """A growing uint16 token file at path + ".tmp" that stops at its budget and becomes `path` on commit.
+
+    The budget cuts at document boundaries: the first document that would take the file past it, and
+    everything after, is left out. So a file holds at most `budget` tokens, short of it by less than
+    one document, and every document in it ends with <|endoftext|>.
+    """
+
+    def __init__(self, path, budget, name):
+        self.path, self.budget, self.name = Path(path), budget, name
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.tokens = self.documents = 0
+        self.full = False
+        self.file = open(self.tmp, "wb")
+
+    def append(self, ids, lengths):
+        """Append the documents of a batch (their ids concatenated, and their lengths) that fit."""
+        if self.full or len(lengths) == 0:
+            return 0
+        ends = np.cumsum(lengths)
+        fit = len(ends) if self.budget is None else int(np.searchsorted(ends, self.budget - self.tokens, side="right"))
+        if fit == 0 and self.documents == 0:
+            raise PrepareError(f"--max_tokens gives {self.name}.bin a budget of {self.budget:,} tokens, less than its "
+                               f"first document ({int(lengths[0]):,} tokens): raise --max_tokens"
+                               + (" or --val_fraction" if self.name == "val" else ""))
+        if fit:
+            self.file.write(ids[:ends[fit - 1]].tobytes())
+            self.tokens += int(ends[fit - 1])
+            self.documents += fit
+        self.full = fit < len(ends) or (self.budget is not None and self.tokens >= self.budget)
+        return int(ends[fit - 1]) if fit else 0
+
+    def commit(self):
+        self.file.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self):
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def token_files(out_dir, budgets):
+    """{split: TokenFile}; renamed into place if the block completes, deleted if anything fails (or Ctrl-C)."""
+    files = {}
+    try:
+        for split, budget in budgets.items():
+            files[split] = TokenFile(Path(out_dir) / f"{split}.bin", budget, split)
+        yield files
+    except BaseException:
+        for file in files.values():
+            file.discard()
+        raise
+    for file in files.values():  # both are complete now; the renames are the only step left
+        file.commit()
+
+
+def tokenize_groups(work):
+    """Tokenize {split: texts} into {split: (concatenated uint16 ids, lengths)}; the empty count passes through."""
+    groups, num_empty = work
+    encoding = gpt2_encoding()  # thread-safe, and its Rust core releases the GIL: threads run in parallel
+    tokenized = {}
+    for split, texts in groups.items():
+        ids = [encoding.encode_ordinary(text) for text in texts]
+        lengths = np.array([len(doc) + 1 for doc in ids], dtype=np.int64)
+        flat = np.fromiter(itertools.chain.from_iterable(doc + [EOT_TOKEN] for doc in ids),
+                           dtype=TOKEN_DTYPE, count=int(lengths.sum()))
+        tokenized[split] = (flat, lengths)
+    return tokenized, num_empty
+
+
+def ordered_map(fn, items, num_threads):
+    """fn over an endless iterable in num_threads threads, results in order; a few items run ahead, no more."""
+    if num_threads <= 1:
+        yield from map(fn, items)
+        return
+    pool = ThreadPoolExecutor(num_threads)
+    pending = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * num_threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:  # also when the consumer stops early (budget met) or fails: drop the work queued ahead
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def feed(batches, files, route, num_threads, progress):
+    """Tokenize one stream's documents into the files they route to, until all are full or it ends.
+
+    Returns the number of empty documents skipped.
+    """
+    def work():
+        for texts in batches:
+            keep = has_text(texts)
+            groups = {}
+            for text in itertools.compress(texts, keep):
+                split = route(text)
+                if not files[split].full:  # routed before tokenizing: no work for a full file
+                    groups.setdefault(split, []).append(text)
+            yield groups, keep.count(False)
+            if all(file.full for file in files.values()):
+                return
+
+    num_empty = 0
+    for tokenized, batch_empty in ordered_map(tokenize_groups, work(), num_threads):
+        num_empty += batch_empty
+        for split, (ids, lengths) in tokenized.items():
+            progress.update(files[split].append(ids, lengths))
+        if all(file.full for file in files.values()):
+            break
+    return num_empty
+
+
+def check_filled(files, description, val_fraction):
+    """A hash split of few documents can leave a side empty: an error, not an empty .bin file."""
+    documents = sum(file.documents for file in files.values())
+    for split, file in files.items():
+        if file.documents == 0:
+            raise PrepareError(
+                f"{description}: no document went to {split} ({documents} non-empty document(s), --val_fraction "
+                f"{val_fraction}): a split by hash needs at least 2 documents, and more the smaller val_fraction is"
+            )
+
+
+def prepare_streamed(source, split, val_split, out_dir, text_column, num_proc, val_fraction, seed, max_tokens):
+    """The streamed run; returns the meta.json counts."""
+    if val_split is None:  # one stream, divided by a seeded hash of each document
+        plan = [(*open_stream(source, split, text_column), ("train", "val"), hash_router(val_fraction, seed))]
+    else:  # val first: it is small, and a problem with it shows before the long train stream
+        plan = [(*open_stream(source, val_split, text_column), ("val",), lambda text: "val"),
+                (*open_stream(source, split, text_column), ("train",), lambda text: "train")]
+
+    start_writing(out_dir)
+    num_empty = 0
+    with token_files(out_dir, split_budgets(max_tokens, val_fraction)) as files, \
+            tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="tokenizing into train.bin / val.bin") as progress:
+        for batches, leading_empty, splits, route in plan:
+            fed = {name: files[name] for name in splits}
+            num_empty += leading_empty + feed(batches, fed, route, num_proc, progress)
+        check_filled(files, source.description, val_fraction)
+    return {"tokens": {name: file.tokens for name, file in files.items()},
+            "documents": {name: file.documents for name, file in files.items()},
+            "empty_documents_skipped": num_empty}
+
+
 # -----------------------------------------------------------------------------
 
-def prepare(dataset=DEFAULT_DATASET, out_dir="data/openwebtext", text_column="text", num_proc=1,
-            val_fraction=0.0005, seed=2357, max_docs=None):
-    """Load, split, tokenize and write a dataset into out_dir; return the meta.json contents.
-
-    Raises PrepareError for bad input (before anything is tokenized) and TokenizerUnavailableError
-    when the GPT-2 BPE cannot be loaded (before anything is downloaded).
-    """
-    if num_proc < 1:
-        raise PrepareError(f"--num_proc must be at least 1, got {num_proc}")
-    if not 0 < val_fraction < 1:
-        raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
-    if max_docs is not None and max_docs < 1:
-        raise PrepareError(f"--max_docs must be at least 1, got {max_docs}")
-    gpt2_encoding()  # fail now rather than after the download; forked workers inherit the loaded encoding
-    splits, num_empty = load_and_split(dataset, text_column, num_proc, val_fraction, seed, max_docs)
-
-    out_dir = Path(out_dir)
+def start_writing(out_dir):
+    """Called once the input has been checked: meta.json marks a complete dataset, so it goes until the end."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / META_FILENAME).unlink(missing_ok=True)  # it marks a complete dataset, so it comes back last
-    tokens = tokenize_and_write(splits, out_dir, text_column, num_proc)
+    (out_dir / META_FILENAME).unlink(missing_ok=True)
+
+
+def prepare(dataset=DEFAULT_DATASET, out_dir=None, text_column="text", num_proc=1, val_fraction=0.0005, seed=2357,
+            max_docs=None, dataset_config=None, split="train", val_split=None, streaming=None, max_tokens=None):
+    """Load or stream, split, tokenize and write a dataset into out_dir; return the meta.json contents.
+
+    dataset may be a preset name (PRESETS): it fills out_dir, dataset_config, streaming and val_split
+    where they are None. Raises PrepareError for bad input (before anything is written, except errors
+    found later in a stream) and TokenizerUnavailableError when the GPT-2 BPE cannot be loaded.
+    """
+    chosen = apply_preset(dataset, out_dir, dataset_config, streaming, val_split)
+    streaming, out_dir = chosen["streaming"], Path(chosen["out_dir"])
+    check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, chosen["val_split"])
+    gpt2_encoding()  # fail now rather than after the download; forked workers inherit the loaded encoding
+    val_split = chosen["val_split"]
+    source = resolve_source(chosen["dataset"], chosen["dataset_config"], split, val_split)
+    if streaming:
+        counts = prepare_streamed(source, split, val_split, out_dir, text_column, num_proc, val_fraction, seed,
+                                  max_tokens)
+    else:
+        counts = prepare_loaded(source, split, val_split, out_dir, text_column, num_proc, val_fraction, seed, max_docs)
     meta = {
         "tokenizer": "gpt2",
         "vocab_size": GPT2_VOCAB_SIZE,
-        "tokens": tokens,
-        "documents": {split: len(dset) for split, dset in splits.items()},
-        "empty_documents_skipped": num_empty,
-        "source": dataset,
+        **counts,
+        "source": chosen["dataset"],
+        "preset": dataset if dataset in PRESETS else None,
+        "dataset_config": chosen["dataset_config"],
+        "split": split,
+        "val_split": val_split,
+        "streaming": streaming,
         "text_column": text_column,
         "val_fraction": val_fraction,
         "seed": seed,
         "max_docs": max_docs,
+        "max_tokens": max_tokens,
     }
     write_meta(out_dir, meta)
     return meta
@@ -243,20 +642,32 @@ def prepare(dataset=DEFAULT_DATASET, out_dir="data/openwebtext", text_column="te
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default=DEFAULT_DATASET, help="hub dataset name, or a local file / folder")
+    parser.add_argument("--dataset", default=DEFAULT_DATASET,
+                        help=f"hub dataset name, a preset ({', '.join(PRESETS)}), or a local file / folder")
+    parser.add_argument("--dataset_config", default=None, help="the hub dataset's config, e.g. en for allenai/c4")
+    parser.add_argument("--split", default="train", help="the source split the documents come from")
+    parser.add_argument("--val_split", default=None,
+                        help="take val.bin from this split of the source (e.g. validation) instead of dividing --split")
+    parser.add_argument("--streaming", action=argparse.BooleanOptionalAction, default=None,
+                        help="iterate the documents instead of downloading and materialising the dataset")
+    parser.add_argument("--max_tokens", type=token_count, default=None,
+                        help="streaming: stop at N tokens in all (e.g. 100M, 30B); val gets floor(N * val_fraction)")
     parser.add_argument("--text_column", default="text", help="the column holding each document's text")
-    parser.add_argument("--out_dir", default="data/openwebtext", help="where train.bin, val.bin and meta.json go")
+    parser.add_argument("--out_dir", default=None,
+                        help=f"where train.bin, val.bin and meta.json go (default: {DEFAULT_OUT_DIR}, or the preset's)")
     parser.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1),
-                        help="tokenizing processes (default: the cores, at most 8)")
-    parser.add_argument("--val_fraction", type=float, default=0.0005, help="share of documents in val.bin")
-    parser.add_argument("--seed", type=int, default=2357, help="seed of the shuffled train/val split")
+                        help="tokenizing processes, threads when streaming (default: the cores, at most 8)")
+    parser.add_argument("--val_fraction", type=float, default=0.0005,
+                        help="share of documents in val.bin, or of --max_tokens with --val_split")
+    parser.add_argument("--seed", type=int, default=2357, help="seed of the train/val split")
     parser.add_argument("--max_docs", type=int, default=None, help="use only the first N documents (a quick run)")
     args = parser.parse_args(argv)
     try:
         meta = prepare(**vars(args))
     except (PrepareError, TokenizerUnavailableError) as err:
         sys.exit(f"error: {err}")
-    print(f"wrote {args.out_dir}: {meta['tokens']['train']:,} train tokens ({meta['documents']['train']:,} documents), "
+    out_dir = args.out_dir or default_out_dir(args.dataset)
+    print(f"wrote {out_dir}: {meta['tokens']['train']:,} train tokens ({meta['documents']['train']:,} documents), "
           f"{meta['tokens']['val']:,} val tokens ({meta['documents']['val']:,} documents), "
           f"{meta['empty_documents_skipped']:,} empty documents skipped")
 

@@ -1,4 +1,6 @@
 """prepare_openwebtext.py end to end on small local corpora (the hub path shares all of this code)."""
+import argparse
+import gzip
 import json
 import math
 import os
@@ -11,7 +13,7 @@ import pytest
 
 import prepare_openwebtext
 from conftest import REPO, needs_bpe
-from prepare_openwebtext import PrepareError, prepare
+from prepare_openwebtext import PrepareError, hash_router, prepare, split_budgets, token_count
 from tokenizer import EOT_TOKEN, gpt2_encoding, read_meta
 
 
@@ -151,6 +153,7 @@ def no_tokenizing(monkeypatch):
         raise AssertionError("bad input must be reported before tokenizing")
     monkeypatch.setattr(prepare_openwebtext, "gpt2_encoding", lambda: None)
     monkeypatch.setattr(prepare_openwebtext, "tokenize_and_write", fail)
+    monkeypatch.setattr(prepare_openwebtext, "tokenize_groups", fail)
 
 
 def mixed_folder(tmp):
@@ -180,16 +183,29 @@ BAD_INPUTS = {  # case: (make the --dataset path in tmp, what the message says)
 }
 
 
-@pytest.mark.parametrize("case", BAD_INPUTS)
-def test_bad_input_is_reported_clearly(tmp_path, no_tokenizing, case):
+# the same cases for a streamed run, but "one document": a split by hash learns that only as it writes
+# (test_streamed_run_of_one_document_is_an_error)
+BAD_INPUT_RUNS = [(case, False) for case in BAD_INPUTS] + \
+                 [(case, True) for case in BAD_INPUTS if case != "one document"]
+RUN_IDS = [f"{case}, {'streamed' if streaming else 'loaded'}" for case, streaming in BAD_INPUT_RUNS]
+
+
+@pytest.mark.parametrize("case, streaming", BAD_INPUT_RUNS, ids=RUN_IDS)
+def test_bad_input_is_reported_clearly(tmp_path, no_tokenizing, case, streaming):
     make_source, message = BAD_INPUTS[case]
     with pytest.raises(PrepareError, match=message):
-        prepare(str(make_source(tmp_path)), tmp_path / "out")
+        prepare(str(make_source(tmp_path)), tmp_path / "out", streaming=streaming)
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("option, message", [
     ({"val_fraction": 1.5}, "val_fraction"), ({"num_proc": 0}, "num_proc"), ({"max_docs": 0}, "max_docs"),
+    ({"max_tokens": 10**6}, "--max_tokens needs --streaming"),
+    ({"max_tokens": 0, "streaming": True}, "--max_tokens must be at least 1"),
+    ({"max_tokens": 1999, "streaming": True}, "leaves val.bin no token"),  # 1999 * 0.0005 < 1
+    ({"max_docs": 5, "streaming": True}, "limit a --streaming run with --max_tokens"),
+    ({"val_split": "train"}, "val must come from another split"),
+    ({"dataset_config": "en"}, "local files have no configs"),
 ])
 def test_bad_options_are_reported_clearly(tmp_path, no_tokenizing, option, message):
     with pytest.raises(PrepareError, match=message):
@@ -206,3 +222,308 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path):
     assert result.returncode != 0
     assert "error:" in result.stderr and "its columns are: body" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# -----------------------------------------------------------------------------
+# streamed runs (--streaming, --max_tokens, --val_split, the c4 preset) on local files laid out as C4's
+
+def write_jsonl_gz(path, records):
+    with gzip.open(path, "wt", encoding="utf-8") as file:
+        file.write("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def c4_record(text, i):
+    return {"text": text, "timestamp": "2019-04-25T12:57:54Z", "url": f"https://example.com/{i}"}
+
+
+def write_c4_folder(folder, train, val, shards=2):
+    """C4's own layout and names: train in `shards` gzipped json-lines files, in order, val in one."""
+    (folder / "en").mkdir(parents=True)
+    per_shard = math.ceil(len(train) / shards)
+    for shard in range(shards):
+        docs = train[shard * per_shard:(shard + 1) * per_shard]
+        write_jsonl_gz(folder / "en" / f"c4-train.{shard:05d}-of-{shards:05d}.json.gz",
+                       [c4_record(doc, i) for i, doc in enumerate(docs)])
+    write_jsonl_gz(folder / "en" / "c4-validation.00000-of-00001.json.gz",
+                   [c4_record(doc, i) for i, doc in enumerate(val)])
+    return folder
+
+
+VAL_DOCUMENTS = [f"Validation page {i}: " + "held-out words " * (i % 5) for i in range(8)]
+
+
+def token_lengths(documents):
+    return [len(gpt2_encoding().encode_ordinary(doc)) + 1 for doc in documents]
+
+
+def tokens_of(documents):
+    return np.array([t for doc in documents for t in gpt2_encoding().encode_ordinary(doc) + [EOT_TOKEN]], np.uint16)
+
+
+def read_ids(path):
+    return np.fromfile(path, dtype=np.uint16)
+
+
+def fitting_prefix(documents, budget):
+    """The documents a budget keeps: the longest prefix whose tokens fit."""
+    ends = np.cumsum(token_lengths(documents))
+    return documents[:int(np.searchsorted(ends, budget, side="right"))]
+
+
+@needs_bpe
+def test_streamed_run_writes_the_same_files_as_the_loaded_run(tmp_path):
+    documents = make_documents(40)
+    with_empty = documents[:7] + EMPTY_DOCUMENTS + documents[7:]
+    folder = write_c4_folder(tmp_path / "c4", with_empty, VAL_DOCUMENTS + [""])
+
+    loaded = prepare(str(folder), tmp_path / "loaded", val_split="validation")
+    streamed = prepare(str(folder), tmp_path / "streamed", val_split="validation", streaming=True)
+
+    for name in ("train.bin", "val.bin"):  # the same token files, byte for byte
+        assert (tmp_path / "loaded" / name).read_bytes() == (tmp_path / "streamed" / name).read_bytes()
+    assert (read_ids(tmp_path / "streamed" / "train.bin") == tokens_of(documents)).all()  # in C4's order
+    assert read_split(tmp_path / "streamed" / "val.bin") == VAL_DOCUMENTS  # C4's own validation split, whole
+    assert {key: loaded[key] for key in loaded if key != "streaming"} == \
+           {key: streamed[key] for key in streamed if key != "streaming"}
+    assert streamed["empty_documents_skipped"] == 3 and streamed["streaming"] and not loaded["streaming"]
+    assert streamed == read_meta(tmp_path / "streamed")
+    assert sorted(os.listdir(tmp_path / "streamed")) == ["meta.json", "train.bin", "val.bin"]
+
+
+@needs_bpe
+def test_streamed_hash_split_holds_the_documents_of_the_loaded_split(tmp_path):
+    documents = make_documents(60)
+    source = write_jsonl_gz(tmp_path / "corpus.jsonl.gz", [{"text": doc} for doc in documents + EMPTY_DOCUMENTS])
+
+    loaded = prepare(str(source), tmp_path / "loaded", val_fraction=0.2)
+    streamed = prepare(str(source), tmp_path / "streamed", val_fraction=0.2, streaming=True)
+
+    # other documents in val (a hash, not a shuffle), the same documents and tokens in all
+    train, val = (read_split(tmp_path / "streamed" / f"{split}.bin") for split in ("train", "val"))
+    route = hash_router(0.2, seed=2357)
+    assert train == [doc for doc in documents if route(doc) == "train"]  # in the source's order
+    assert val == [doc for doc in documents if route(doc) == "val"] and len(val) > 0
+    assert sum(streamed["tokens"].values()) == sum(loaded["tokens"].values()) == sum(token_lengths(documents))
+    assert streamed["documents"]["val"] == len(val) and streamed["empty_documents_skipped"] == 2
+    check_prepared(tmp_path / "loaded", loaded, documents, num_empty=2, val_fraction=0.2)  # a .gz file, loaded
+
+
+@needs_bpe
+def test_streaming_in_threads_writes_the_same_files_as_one_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare_openwebtext, "STREAM_BATCH_DOCS", 4)  # many batches in flight
+    folder = write_c4_folder(tmp_path / "c4", make_documents(50), VAL_DOCUMENTS)
+    for num_proc in (1, 3):
+        prepare(str(folder), tmp_path / f"threads{num_proc}", val_split="validation", streaming=True,
+                num_proc=num_proc, max_tokens=700, val_fraction=0.25)
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "threads1" / name).read_bytes() == (tmp_path / "threads3" / name).read_bytes()
+
+
+def test_hash_router_is_seeded_and_depends_on_the_text_only():
+    documents = [f"document number {i}" for i in range(5000)]
+    route = hash_router(0.1, seed=7)
+    val = {doc for doc in documents if route(doc) == "val"}
+    assert abs(len(val) - 500) < 100  # 0.1 of 5000; the binomial's standard deviation is 21
+    assert val == {doc for doc in documents if hash_router(0.1, seed=7)(doc) == "val"}  # same seed, same split
+    assert val != {doc for doc in documents if hash_router(0.1, seed=8)(doc) == "val"}
+    assert all(route(doc) == "val" for doc in val)  # a repeated document lands on the same side again
+
+
+def test_budgets_split_max_tokens_as_typed():
+    assert split_budgets(30_000_000_000, 0.0005) == {"train": 29_985_000_000, "val": 15_000_000}
+    assert split_budgets(10, 0.3) == {"train": 7, "val": 3}  # not floor(10 * 0.3) == 2 of binary floats
+    assert split_budgets(None, 0.3) == {"train": None, "val": None}
+
+
+@pytest.mark.parametrize("text, count", [("100000000", 10**8), ("100_000_000", 10**8), ("1e8", 10**8),
+                                         ("100M", 10**8), ("30B", 30 * 10**9), ("0.1b", 10**8), ("50k", 50_000)])
+def test_max_tokens_reads_counts_as_people_write_them(text, count):
+    assert token_count(text) == count
+
+
+@pytest.mark.parametrize("text", ["5e", "1.5", "lots", "M"])
+def test_max_tokens_rejects_what_is_not_a_count(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="token"):
+        token_count(text)
+
+
+@needs_bpe
+@pytest.mark.parametrize("cut", ["inside a document", "at the end of a document"])
+def test_max_tokens_cuts_each_split_at_a_document_boundary(tmp_path, cut):
+    documents = make_documents(30)
+    folder = write_c4_folder(tmp_path / "c4", documents, VAL_DOCUMENTS)
+    # a train budget that ends inside document 12, or exactly after it; val gets a quarter of max_tokens
+    train_budget = sum(token_lengths(documents[:12])) + (3 if cut == "inside a document" else 0)
+    max_tokens = next(n for n in range(train_budget, 2 * train_budget) if n - n // 4 == train_budget)
+    val_budget = max_tokens // 4
+
+    meta = prepare(str(folder), tmp_path / "out", val_split="validation", streaming=True,
+                   max_tokens=max_tokens, val_fraction=0.25)
+
+    train, val = fitting_prefix(documents, train_budget), fitting_prefix(VAL_DOCUMENTS, val_budget)
+    assert len(train) == 12 and 0 < len(val) < len(VAL_DOCUMENTS)
+    assert (read_ids(tmp_path / "out" / "train.bin") == tokens_of(train)).all()
+    assert (read_ids(tmp_path / "out" / "val.bin") == tokens_of(val)).all()
+    assert meta["tokens"] == {"train": len(tokens_of(train)), "val": len(tokens_of(val))}
+    assert sum(meta["tokens"].values()) <= max_tokens and meta["max_tokens"] == max_tokens
+    assert (meta["tokens"]["train"] == train_budget) == (cut == "at the end of a document")  # the budget is inclusive
+    assert meta["documents"] == {"train": 12, "val": len(val)}
+
+
+@needs_bpe
+def test_max_tokens_with_a_hash_split(tmp_path):
+    documents = make_documents(80)
+    source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": doc} for doc in documents])
+    max_tokens = sum(token_lengths(documents)) // 2
+
+    meta = prepare(str(source), tmp_path / "out", streaming=True, max_tokens=max_tokens, val_fraction=0.25)
+
+    route = hash_router(0.25, seed=2357)  # each split is the prefix of its own documents that fits its budget
+    train = fitting_prefix([doc for doc in documents if route(doc) == "train"], max_tokens - max_tokens // 4)
+    val = fitting_prefix([doc for doc in documents if route(doc) == "val"], max_tokens // 4)
+    assert (read_ids(tmp_path / "out" / "train.bin") == tokens_of(train)).all()
+    assert (read_ids(tmp_path / "out" / "val.bin") == tokens_of(val)).all()
+    assert 0 < sum(meta["tokens"].values()) <= max_tokens
+
+
+@needs_bpe
+def test_max_tokens_beyond_the_corpus_takes_all_of_it(tmp_path):
+    folder = write_c4_folder(tmp_path / "c4", make_documents(20), VAL_DOCUMENTS)
+    whole = prepare(str(folder), tmp_path / "whole", val_split="validation", streaming=True)
+    capped = prepare(str(folder), tmp_path / "capped", val_split="validation", streaming=True, max_tokens=10**9)
+    assert capped["tokens"] == whole["tokens"] and capped["documents"] == whole["documents"]
+
+
+@needs_bpe
+def test_budget_below_the_first_document_is_an_error_that_leaves_no_dataset(tmp_path):
+    folder = write_c4_folder(tmp_path / "c4", make_documents(20), VAL_DOCUMENTS)
+    with pytest.raises(PrepareError, match=r"budget of 5 tokens, less than its first document .* --val_fraction"):
+        prepare(str(folder), tmp_path / "out", val_split="validation", streaming=True, max_tokens=10_000,
+                val_fraction=0.0005)
+    assert os.listdir(tmp_path / "out") == []  # no meta.json, no temporary file
+
+
+@needs_bpe
+def test_streamed_run_of_one_document_is_an_error(tmp_path):
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": "one"}, {"text": " "}])
+    with pytest.raises(PrepareError, match="no document went to val .* at least 2 documents"):
+        prepare(str(source), tmp_path / "out", streaming=True)
+    assert os.listdir(tmp_path / "out") == []
+
+
+@needs_bpe
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_interrupted_streamed_run_leaves_no_meta_and_no_partial_bin(tmp_path, monkeypatch, num_proc):
+    folder = write_c4_folder(tmp_path / "c4", make_documents(40), VAL_DOCUMENTS)
+    out_dir = tmp_path / "out"
+    prepare(str(folder), out_dir, val_split="validation", streaming=True)
+    old = {name: (out_dir / name).read_bytes() for name in ("train.bin", "val.bin")}
+
+    calls = []
+
+    def flaky_tokenize(work):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # Ctrl-C while train.bin.tmp is being filled
+        return real_tokenize(work)
+
+    real_tokenize = prepare_openwebtext.tokenize_groups
+    monkeypatch.setattr(prepare_openwebtext, "STREAM_BATCH_DOCS", 5)
+    monkeypatch.setattr(prepare_openwebtext, "tokenize_groups", flaky_tokenize)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(str(folder), out_dir, val_split="validation", streaming=True, num_proc=num_proc)
+    assert sorted(os.listdir(out_dir)) == ["train.bin", "val.bin"]  # no meta.json, no temporary file
+    assert {name: (out_dir / name).read_bytes() for name in old} == old  # the old complete files, untouched
+
+
+@needs_bpe
+def test_unreadable_data_later_in_the_stream_stops_the_run_cleanly(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare_openwebtext, "STREAM_BATCH_DOCS", 5)
+    folder = write_c4_folder(tmp_path / "c4", make_documents(40), VAL_DOCUMENTS)
+    shard = folder / "en" / "c4-train.00001-of-00002.json.gz"
+    with gzip.open(shard, "at", encoding="utf-8") as file:
+        file.write('{"text": "cut off in the middle of a reco\n')
+    with pytest.raises(PrepareError, match=r"could not read split 'train' of .* after \d+ documents"):
+        prepare(str(folder), tmp_path / "out", val_split="validation", streaming=True)
+    assert os.listdir(tmp_path / "out") == []
+
+
+@needs_bpe
+def test_c4_preset_streams_allenai_c4_en_into_data_c4(tmp_path, monkeypatch, capsys):
+    # No network here: the hub call is answered from local files in C4's layout, and the test checks
+    # that the preset asks load_dataset for exactly what the hub path needs.
+    folder = write_c4_folder(tmp_path / "c4_files", make_documents(30), VAL_DOCUMENTS)
+    calls = []
+
+    def local_c4(path, name=None, split=None, streaming=False, **options):
+        calls.append((path, name, split, streaming, options))
+        files = {s: str(folder / "en" / f"c4-{s}.*.json.gz") for s in ("train", "validation")}
+        return datasets.load_dataset("json", data_files=files, split=split, streaming=streaming)
+
+    monkeypatch.setattr(prepare_openwebtext, "load_dataset", local_c4)
+    monkeypatch.chdir(tmp_path)
+    prepare_openwebtext.main(["--dataset", "c4", "--max_tokens", "0.3k", "--val_fraction", "0.2", "--num_proc", "1"])
+
+    assert calls == [("allenai/c4", "en", "validation", True, {}), ("allenai/c4", "en", "train", True, {})]
+    meta = read_meta(tmp_path / "data" / "c4")
+    assert (meta["source"], meta["preset"], meta["dataset_config"]) == ("allenai/c4", "c4", "en")
+    assert (meta["split"], meta["val_split"], meta["streaming"]) == ("train", "validation", True)
+    assert meta["max_tokens"] == 300
+    assert 0 < meta["tokens"]["train"] <= 240 and 0 < meta["tokens"]["val"] <= 60  # 300 tokens, a fifth for val
+    assert meta["documents"]["train"] < 30  # the budget, not the end of the data, stopped it
+    assert capsys.readouterr().out.startswith(f"wrote data/c4: {meta['tokens']['train']:,} train tokens")
+
+
+def test_loaded_run_with_val_split_keeps_the_splits_apart(tmp_path, no_tokenizing):
+    folder = write_c4_folder(tmp_path / "c4", make_documents(9), VAL_DOCUMENTS)
+    splits, num_empty = prepare_openwebtext.load_and_split(str(folder), val_split="validation", max_docs=4)
+    assert splits["train"]["text"] == make_documents(4) and splits["val"]["text"] == VAL_DOCUMENTS[:4]
+    assert num_empty == 0
+
+
+def single_file(tmp):
+    return write_jsonl(tmp / "c.jsonl", [{"text": "a"}, {"text": "b"}])
+
+
+def folder_without_val_files(tmp):
+    folder = write_c4_folder(tmp / "c4", ["a", "b"], ["c"], shards=1)
+    (folder / "en" / "c4-validation.00000-of-00001.json.gz").rename(folder / "en" / "c4-valid.json.gz")
+    return folder  # "valid" is another word than "validation"
+
+
+def only_val_files(tmp):
+    folder = write_c4_folder(tmp / "c4", ["a", "b"], ["c"], shards=1)
+    (folder / "en" / "c4-train.00000-of-00001.json.gz").unlink()
+    return folder
+
+
+def gzipped_parquet(tmp):
+    return write_file(tmp / "c.parquet.gz", "not read")
+
+
+BAD_STREAMED_INPUTS = {  # case: (make the --dataset path in tmp, options, what the message says)
+    "val split of one file": (single_file, {"val_split": "validation"}, "needs a folder holding the files of both"),
+    "no file named for it": (folder_without_val_files, {"val_split": "validation"}, "no file has 'validation'"),
+    "every file named for it": (only_val_files, {"val_split": "validation"}, "every file has 'validation'"),
+    "gzipped parquet": (gzipped_parquet, {}, "unsupported file type"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_STREAMED_INPUTS)
+def test_bad_streamed_input_is_reported_before_anything_is_written(tmp_path, no_tokenizing, case):
+    make_source, options, message = BAD_STREAMED_INPUTS[case]
+    with pytest.raises(PrepareError, match=message):
+        prepare(str(make_source(tmp_path)), tmp_path / "out", streaming=True, **options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_reports_bad_streaming_options_without_a_traceback(tmp_path):  # options are checked before the BPE loads
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": "a"}, {"text": "b"}])
+    command = [sys.executable, str(REPO / "prepare_openwebtext.py"), "--dataset", str(source),
+               "--out_dir", str(tmp_path / "out"), "--max_tokens", "100M"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == "error: --max_tokens needs --streaming (or a streaming preset such as " \
+                                    "--dataset c4); a loaded run is limited with --max_docs"
+    assert not (tmp_path / "out").exists()
