@@ -658,7 +658,7 @@ def main(argv=None):
     parser.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1),
                         help="tokenizing processes, threads when streaming (default: the cores, at most 8)")
     parser.add_argument("--val_fraction", type=float, default=0.0005,
-                        help="share of documents in val.bin, or of --max_tokens with --val_split")
+                        help="share of documents in val.bin (without --val_split), and of --max_tokens")
     parser.add_argument("--seed", type=int, default=2357, help="seed of the train/val split")
     parser.add_argument("--max_docs", type=int, default=None, help="use only the first N documents (a quick run)")
     args = parser.parse_args(argv)
