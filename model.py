@@ -11,7 +11,8 @@ X is the block input after LayerNorm, X_i its i-th slice of d_k = n_embd / n_hea
 every variant O = [H_1 ... H_h] W^O. Everything else is NanoGPT's GPT-2: learned position
 embeddings, pre-LayerNorm blocks, a 4x GELU MLP and a language-model head tied to the token
 embedding. The four attention classes stand side by side below; they differ only in `project`
-(which of Q, K, V are learned) and, for super, in `align`.
+(which of Q, K, V are learned) and, for super, in `align` and in the hooks that follow from W^A
+(its FLOPs, its decay, its cropping). docs/adding-a-variant.md shows how to add a fifth.
 """
 
 import contextlib
@@ -40,9 +41,9 @@ class GPTConfig:
     gelu_approximate: str = "none"
 
     def __post_init__(self):
-        if self.attention not in ATTENTION_VARIANTS:
+        if self.attention not in ATTENTION_CLASSES:
             raise ValueError(
-                f"unknown attention={self.attention!r}; choose one of {', '.join(ATTENTION_VARIANTS)}"
+                f"unknown attention={self.attention!r}; choose one of {', '.join(ATTENTION_CLASSES)}"
             )
         if self.gelu_approximate not in ("none", "tanh"):
             raise ValueError(f"unknown gelu_approximate={self.gelu_approximate!r}; choose 'none' (exact) or 'tanh'")
@@ -187,6 +188,19 @@ class CausalSelfAttention(nn.Module):
         """Parameters that are zero by construction and so not free (super's upper triangle)."""
         return 0
 
+    def no_decay_parameters(self):
+        """Matrices AdamW must not decay (biases and gains never are)."""
+        return []
+
+    def crop_block_size(self, block_size):
+        """Shrink whatever depends on the context length (GPT.crop_block_size)."""
+
+    def flops_per_token(self, seq_len):
+        """Forward matmul FLOPs per token (a multiply-add is 2): the learned d x d projections (W^Q, and
+        W^K, W^V where learned, and W^O), then the scores Q K^T and the weighted sum, 2 T d each."""
+        d = self.n_embd
+        return 2 * (self.n_learned_inputs + 1) * d * d + 4 * seq_len * d
+
     def split_heads(self, t):
         B, T, C = t.shape
         return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
@@ -212,6 +226,31 @@ class CausalSelfAttention(nn.Module):
             q, k, v, attn_mask=attn_mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
         )
+
+    # The variant stated literally, unfused, one head at a time, for one sequence: the tests hold
+    # `forward` (fused, cached, compiled) to it. A variant overrides the hooks where its equation differs.
+    def reference(self, x):
+        T, d = x.shape
+        dk = d // self.n_head
+        W = self.c_attn.weight
+        b = self.c_attn.bias if self.c_attn.bias is not None else torch.zeros(W.size(0), device=x.device)
+        # the learned inputs come in the order W^Q, W^K, W^V; those not learned are X itself
+        learned = [x @ W[j * d : (j + 1) * d].T + b[j * d : (j + 1) * d] for j in range(self.n_learned_inputs)]
+        Q, K, V = (learned + [x, x])[:3]
+        V = self.reference_values(V)
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        heads = []
+        for i in range(self.n_head):
+            cols = slice(i * dk, (i + 1) * dk)
+            scores = self.reference_scores(Q[:, cols] @ K[:, cols].T / math.sqrt(dk), i)
+            heads.append(torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ V[:, cols])
+        return self.c_proj(torch.cat(heads, dim=1))
+
+    def reference_values(self, v):
+        return v
+
+    def reference_scores(self, scores, head):
+        return scores
 
 
 class StandardAttention(CausalSelfAttention):
@@ -266,17 +305,34 @@ class SuperAttention(EfficientAttention):
         rows = torch.matmul(kernel.to(v.dtype), v) + bias[:, None].to(v.dtype)
         return rows if cache is None else cache.store("v_aligned", rows)
 
+    def reference_values(self, v):
+        T = v.size(0)
+        return torch.tril(self.align_weight[:T, :T]) @ v + self.align_bias[:T, None]  # V' = W^A V + b
+
     def num_structural_zeros(self):
         return self.block_size * (self.block_size - 1) // 2
 
+    def no_decay_parameters(self):
+        # decay would pull W^A towards zero (no values at all), not towards its identity start
+        return [self.align_weight]
 
+    def crop_block_size(self, block_size):
+        self.block_size = block_size
+        self.align_weight = nn.Parameter(self.align_weight[:block_size, :block_size])
+        self.align_bias = nn.Parameter(self.align_bias[:block_size])
+
+    def flops_per_token(self, seq_len):
+        return super().flops_per_token(seq_len) + 2 * seq_len * self.n_embd  # W^A V
+
+
+# The registry: a new variant is one class and one line here (docs/adding-a-variant.md).
 ATTENTION_CLASSES = {
     "standard": StandardAttention,
     "optimized": OptimizedAttention,
     "efficient": EfficientAttention,
     "super": SuperAttention,
 }
-ATTENTION_VARIANTS = tuple(ATTENTION_CLASSES)
+ATTENTION_VARIANTS = ("standard", "optimized", "efficient", "super")  # the paper's four
 PRETRAINED_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # 124M, 350M, 774M, 1558M
 
 
@@ -386,11 +442,7 @@ class GPT(nn.Module):
         self._compiled.clear()
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         for block in self.transformer.h:
-            attn = block.attn
-            if isinstance(attn, SuperAttention):
-                attn.block_size = block_size
-                attn.align_weight = nn.Parameter(attn.align_weight[:block_size, :block_size])
-                attn.align_bias = nn.Parameter(attn.align_bias[:block_size])
+            block.attn.crop_block_size(block_size)
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
@@ -442,13 +494,13 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW that decays the weight matrices and embeddings but not biases, LayerNorm gains, or
-        super's alignment kernel W^A: W^A starts at the identity, and decay would pull it towards
-        zero (no values at all) rather than towards that starting point."""
+        the matrices an attention variant exempts (super's W^A)."""
+        exempt = {id(p) for block in self.transformer.h for p in block.attn.no_decay_parameters()}
         decay, no_decay = [], []
-        for name, p in self.named_parameters():
+        for p in self.parameters():
             if not p.requires_grad:
                 continue
-            if p.dim() >= 2 and not name.endswith("align_weight"):
+            if p.dim() >= 2 and id(p) not in exempt:
                 decay.append(p)
             else:
                 no_decay.append(p)
@@ -461,20 +513,14 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
     def flops_per_token(self, seq_len=None, backward=True):
-        """Matmul FLOPs per token (a multiply-add is 2 FLOPs), forward and, by default, backward.
-
-        Per layer, forward: the learned d x d projections 2 * n_proj * d^2 (n_proj = 4 standard,
-        3 optimized, 2 efficient/super), the MLP 16 d^2, the scores and weighted sum 4 T d, and for
-        super W^A V another 2 T d. Plus the output head 2 d V. Backward costs twice the forward.
-        NanoGPT's 6N + 12 L d T agrees for the first three variants; it misses super's W^A V."""
+        """Matmul FLOPs per token (a multiply-add is 2), forward and, by default, backward (twice the
+        forward). Per layer, the attention variant's own count (CausalSelfAttention.flops_per_token)
+        and the MLP's 16 d^2; plus the output head 2 d V. NanoGPT's 6N + 12 L d T agrees for
+        standard, optimized and efficient; it misses super's W^A V."""
         cfg = self.config
         T = cfg.block_size if seq_len is None else seq_len
         d = cfg.n_embd
-        attn = self.transformer.h[0].attn
-        n_proj = attn.n_learned_inputs + 1  # + W^O
-        per_layer = 2 * n_proj * d * d + 16 * d * d + 4 * T * d
-        if isinstance(attn, SuperAttention):
-            per_layer += 2 * T * d
+        per_layer = self.transformer.h[0].attn.flops_per_token(T) + 16 * d * d
         forward = cfg.n_layer * per_layer + 2 * d * cfg.vocab_size
         return 3 * forward if backward else forward
 

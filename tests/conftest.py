@@ -13,6 +13,11 @@ SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 
 sys.path.insert(0, str(REPO))
 
+import example_variant  # noqa: E402  registers the worked fifth variant, "temperature"
+from model import ATTENTION_CLASSES  # noqa: E402
+
+VARIANTS = list(ATTENTION_CLASSES)  # the paper's four and the worked example: what parametrised tests run
+
 # The GPT-2 BPE is served offline from ../shared when it is there (tiktoken reads this variable).
 if TIKTOKEN_CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
-from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from conftest import REPO, VARIANTS
+from model import GPT, GPTConfig
 from prepare_char import prepare
 from runtime import autocast_context
 
@@ -48,7 +48,7 @@ def assert_greedy_under_bf16(model, tokens, prompt_length):
 
 # ----------------------------------------------------------------------------- generation
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_cached_generation_equals_uncached_fp32(attention):
     model, x = cuda_model(attention), prompt()
     steps = 2 * SHAPE["block_size"]  # past block_size: the window slides
@@ -57,7 +57,7 @@ def test_cached_generation_equals_uncached_fp32(attention):
     assert torch.equal(cached, uncached)
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_cached_generation_is_greedy_in_bf16(attention):
     model, x = cuda_model(attention), prompt()
     steps = SHAPE["block_size"] - x.size(1)  # one window, so one uncached pass can recompute every step
@@ -66,7 +66,7 @@ def test_cached_generation_is_greedy_in_bf16(attention):
     assert_greedy_under_bf16(model, cached, x.size(1))
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_compiled_decode_equals_eager_decode(attention):
     """CUDA graphs (torch.compile mode='reduce-overhead') replay the same steps as the eager cache."""
     model, x = cuda_model(attention), prompt()
@@ -111,14 +111,14 @@ def no_tf32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_training_steps_on_cuda_match_cpu(attention, no_tf32):
     cpu = train_losses(cuda_model(attention).cpu(), "cpu")
     gpu = train_losses(cuda_model(attention), "cuda")
     assert gpu == pytest.approx(cpu, rel=1e-4)
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_compiled_training_matches_eager(attention, no_tf32):
     eager = train_losses(cuda_model(attention), "cuda")
     compiled = train_losses(cuda_model(attention), "cuda", compile=True)

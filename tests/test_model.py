@@ -10,7 +10,8 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from model import ATTENTION_VARIANTS, GPT, GPTConfig, SuperAttention
+from conftest import VARIANTS
+from model import GPT, GPTConfig
 
 TINY = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, bias=True)
 
@@ -64,27 +65,7 @@ def test_paper_model_sizes_round_to_124m_117m_110m():
 
 # ----------------------------------------------------------------------------- the paper's equations
 
-def reference_attention(attn, x):
-    """The paper's per-head equations written out literally, one head at a time, for one sequence."""
-    T, d = x.shape
-    h = attn.n_head
-    dk = d // h
-    W, b = attn.c_attn.weight, attn.c_attn.bias
-    Q = x @ W[:d].T + b[:d]
-    K = x @ W[d : 2 * d].T + b[d : 2 * d] if attn.n_learned_inputs >= 2 else x
-    V = x @ W[2 * d :].T + b[2 * d :] if attn.n_learned_inputs == 3 else x
-    if isinstance(attn, SuperAttention):
-        V = attn.align_weight[:T, :T] @ V + attn.align_bias[:T, None]  # V' = W^A V + b
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
-    heads = []
-    for i in range(h):
-        cols = slice(i * dk, (i + 1) * dk)
-        scores = Q[:, cols] @ K[:, cols].T / math.sqrt(dk)
-        heads.append(torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ V[:, cols])
-    return attn.c_proj(torch.cat(heads, dim=1))
-
-
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_attention_matches_the_papers_equations(attention):
     model = tiny_model(attention)
     attn = model.transformer.h[0].attn
@@ -92,12 +73,12 @@ def test_attention_matches_the_papers_equations(attention):
     with torch.no_grad():
         ours = attn(x)
         for seq in range(x.size(0)):
-            torch.testing.assert_close(ours[seq], reference_attention(attn, x[seq]), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours[seq], attn.reference(x[seq]), atol=1e-5, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------- causality
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_future_tokens_do_not_change_past_logits(attention):
     model = tiny_model(attention)
     idx = random_tokens(2, TINY["block_size"])
@@ -192,7 +173,7 @@ def test_weight_decay_groups():
 
 # ----------------------------------------------------------------------------- logits and cropping
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_all_logits_and_loss(attention):
     model = tiny_model(attention)
     idx = random_tokens(2, 10)
@@ -207,7 +188,7 @@ def test_all_logits_and_loss(attention):
     torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_crop_block_size_keeps_short_sequences_unchanged(attention):
     model = tiny_model(attention)
     idx = random_tokens(2, 8)
@@ -226,7 +207,7 @@ def test_crop_block_size_keeps_short_sequences_unchanged(attention):
 
 # ----------------------------------------------------------------------------- generation
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 @pytest.mark.parametrize("sampling", [dict(top_k=1), dict(temperature=0.8), dict(temperature=1.3, top_k=5)])
 def test_cached_generation_equals_uncached_past_block_size(attention, sampling):
     model = tiny_model(attention)
@@ -240,7 +221,7 @@ def test_cached_generation_equals_uncached_past_block_size(attention, sampling):
     assert torch.equal(cached, uncached)
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_cached_logits_equal_recomputed_logits(attention):
     """Feed a prefix, then tokens one at a time and in a chunk, through the cache."""
     model = tiny_model(attention)
@@ -255,7 +236,7 @@ def test_cached_logits_equal_recomputed_logits(attention):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_fixed_shape_cache_steps_equal_recomputed_logits(attention):
     """The compiled decoder's step (a token at a position tensor, attention over the whole buffer with
     the future masked) gives the recomputed logits, also when the buffers still hold an older sequence."""
@@ -275,7 +256,7 @@ def test_fixed_shape_cache_steps_equal_recomputed_logits(attention):
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile on CPU needs a C++ compiler")
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_compiled_generation_equals_eager(attention):
     model = tiny_model(attention)
     prompt = random_tokens(2, 5)
@@ -300,7 +281,7 @@ def test_generate_rejects_bad_sampling_arguments():
 
 # ----------------------------------------------------------------------------- FLOPs
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_flop_estimate_matches_flop_counter(attention):
     model = tiny_model(attention, n_embd=64, block_size=32, vocab_size=101).train()
     B, T = 2, 32
@@ -317,7 +298,7 @@ def test_flop_estimate_matches_flop_counter(attention):
 
 def test_flop_ratios_at_gpt2_shape():
     flops = {}
-    for attention in ATTENTION_VARIANTS:
+    for attention in ("standard", "optimized", "efficient", "super"):
         with torch.device("meta"):
             flops[attention] = GPT(GPTConfig(**GPT2_SHAPE, attention=attention)).flops_per_token(1024)
     ratios = {a: flops[a] / flops["standard"] for a in flops}

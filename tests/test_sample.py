@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, needs_bpe
+from conftest import REPO, VARIANTS, needs_bpe
 import sample
 from checkpoint import save_checkpoint
-from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from model import GPT, GPTConfig
 
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 CHAR_META = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "tokens": {"train": 10, "val": 1}}
@@ -37,7 +37,7 @@ def run(capsys, *args):
     return code, out, err
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_samples_from_a_char_checkpoint_of_every_variant(tmp_path, capsys, attention):
     write_checkpoint(tmp_path, attention)
     code, out, err = run(capsys, "--out_dir", tmp_path, "--start", "ROMEO:", "--num_samples", 2,

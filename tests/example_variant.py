@@ -1,0 +1,27 @@
+"""A fifth attention variant, as a researcher would add one (docs/adding-a-variant.md): efficient
+attention with a learned temperature per head,
+
+    H_i = softmax(exp(t_i) * X W^Q_i X_i^T / sqrt(d_k)) X_i,
+
+one class and one registry line. conftest.py imports this module, so every test parametrised over
+the registry runs it beside the paper's four."""
+import torch
+import torch.nn as nn
+
+from model import ATTENTION_CLASSES, EfficientAttention
+
+
+class TemperatureAttention(EfficientAttention):
+    def __init__(self, config):
+        super().__init__(config)
+        self.log_temperature = nn.Parameter(torch.zeros(config.n_head))  # exp(0) = 1: starts as efficient
+
+    def attend(self, q, k, v, cache):
+        # scaling the queries scales the scores, and keeps the fused attention kernels
+        return super().attend(q * self.log_temperature.exp().to(q.dtype)[:, None, None], k, v, cache)
+
+    def reference_scores(self, scores, head):
+        return scores * self.log_temperature[head].exp()
+
+
+ATTENTION_CLASSES["temperature"] = TemperatureAttention
