@@ -10,6 +10,7 @@ A checkpoint is a dict of plain data and tensors:
 
 import os
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -67,6 +68,8 @@ def load_checkpoint(path, map_location="cpu"):
     if not isinstance(checkpoint["model_args"], dict):
         raise CheckpointError(f"{path} is not a checkpoint of this repo: its model_args is not a dict")
     checkpoint["model_args"].setdefault("gelu_approximate", "tanh")  # the only GELU before the option existed
+    for field in fields(GPTConfig):  # options added later default to what the model was before them
+        checkpoint["model_args"].setdefault(field.name, field.default)
     return checkpoint
 
 

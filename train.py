@@ -30,6 +30,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,12 @@ from runtime import autocast_context, peak_flops, resolve_dtype
 
 # -----------------------------------------------------------------------------
 # default config values: train a GPT-2 (124M) on OpenWebText, as NanoGPT does
+
+MODEL_ARG_KEYS = tuple(f.name for f in fields(GPTConfig))  # what a checkpoint's model_args hold
+MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)} | dict(
+    bias=False,  # no biases in Linear and LayerNorm layers: NanoGPT trains without them
+    vocab_size=0,  # 0: from meta.json (GPT-2's 50257 padded up to 50304)
+)
 DEFAULT_CONFIG = dict(
     # I/O
     out_dir="out",
@@ -59,16 +66,8 @@ DEFAULT_CONFIG = dict(
     data_dir="",  # '' means data/<dataset>; it holds train.bin, val.bin and meta.json
     gradient_accumulation_steps=5 * 8,  # global: split over DDP ranks
     batch_size=12,  # micro-batch size, sequences per forward pass per rank
-    block_size=1024,
-    # model
-    n_layer=12,
-    n_head=12,
-    n_embd=768,
-    dropout=0.0,  # 0 for pretraining, try 0.1+ for finetuning
-    bias=False,  # biases in Linear and LayerNorm layers
-    attention="standard",  # 'standard', 'optimized', 'efficient' or 'super'
-    gelu_approximate="none",  # 'none': exact GELU, as NanoGPT; 'tanh': GPT-2's (set by init_from='gpt2*')
-    vocab_size=0,  # 0: from meta.json (GPT-2's 50257 padded up to 50304)
+    # model: every GPTConfig field (model.py says what each does), GPT-2 124M's shape by default
+    **MODEL_DEFAULTS,
     # AdamW
     learning_rate=6e-4,
     max_iters=600000,  # total optimizer steps
@@ -95,9 +94,6 @@ DEFAULT_CONFIG = dict(
     hellaswag_limit=0,  # 0 = all examples in the file
     hellaswag_batch_size=8,
 )
-
-MODEL_ARG_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout", "attention",
-                  "gelu_approximate")
 
 
 class ConfigError(ValueError):
