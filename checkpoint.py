@@ -18,6 +18,8 @@ import torch
 from model import GPT, GPTConfig
 
 CHECKPOINT_NAME = "ckpt.pt"
+LOG_NAME = "log.jsonl"  # beside the checkpoint: one JSON record per logged step, evaluation, HellaSwag run
+SUMMARY_NAME = "summary.json"  # written at the end of a run: its losses, speed, memory and sizes
 COMPILED_PREFIX = "_orig_mod."
 
 

@@ -23,9 +23,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from model import ATTENTION_VARIANTS
+from checkpoint import LOG_NAME, SUMMARY_NAME
+from model import ATTENTION_CLASSES, ATTENTION_VARIANTS
 
 REPO = Path(__file__).resolve().parent
+
+
+class RunFailed(RuntimeError):
+    """A train.py run exited with an error; its own output says why."""
 
 # (column, key in a run's summary, better: "low" / "high" / None for no ranking, format)
 COLUMNS = [
@@ -56,9 +61,9 @@ def parse_args(argv):
     parser.add_argument("--hellaswag_limit", type=int, default=None)
     args, train_overrides = parser.parse_known_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in args.variants if v not in ATTENTION_VARIANTS]
+    unknown = [v for v in args.variants if v not in ATTENTION_CLASSES]
     if unknown or not args.variants:
-        parser.error(f"--variants={','.join(args.variants)}: choose among {', '.join(ATTENTION_VARIANTS)}")
+        parser.error(f"--variants={','.join(args.variants)}: choose among {', '.join(ATTENTION_CLASSES)}")
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
     if not Path(args.config).is_file():
@@ -78,9 +83,9 @@ def run_training(args, train_overrides, attention, seed, run_dir):
     print(f"\n=== {attention}, seed {seed}: {shlex.join(command)}", flush=True)
     result = subprocess.run(command, cwd=REPO)
     if result.returncode != 0:
-        raise SystemExit(f"training {attention} (seed {seed}) failed with exit code {result.returncode}; "
-                         f"its output is above, its files in {run_dir}")
-    summary = json.loads((run_dir / "summary.json").read_text())
+        raise RunFailed(f"training {attention} (seed {seed}) failed with exit code {result.returncode}; "
+                        f"its output is above, its files in {run_dir}")
+    summary = json.loads((run_dir / SUMMARY_NAME).read_text())
     if summary.get("final_val_loss") is not None:
         summary["val_ppl"] = math.exp(summary["final_val_loss"])
     if summary.get("peak_memory_bytes") is not None:
@@ -105,7 +110,7 @@ def evaluate_hellaswag(run_dir, data_file, limit):
 
 
 def read_log(run_dir):
-    path = run_dir / "log.jsonl"
+    path = run_dir / LOG_NAME
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
@@ -189,11 +194,8 @@ def plot_losses(logs, path):
     return True
 
 
-def main(argv=None):
-    args, train_overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    out_dir = Path(args.out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-
+def run_all(args, train_overrides, out_dir):
+    """Every variant for every seed, seeds outermost; returns ({variant: [summaries]}, {variant: log of seed 0})."""
     runs = {variant: [] for variant in args.variants}
     first_seed_logs = {}
     for seed in range(args.seeds):
@@ -202,6 +204,18 @@ def main(argv=None):
             runs[variant].append(run_training(args, train_overrides, variant, seed, run_dir))
             if seed == 0:
                 first_seed_logs[variant] = read_log(run_dir)
+    return runs, first_seed_logs
+
+
+def main(argv=None):
+    args, train_overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    out_dir = Path(args.out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        runs, first_seed_logs = run_all(args, train_overrides, out_dir)
+    except RunFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
     results = {variant: aggregate(variant_runs) for variant, variant_runs in runs.items()}
     command = shlex.join(["python", "compare.py", *(sys.argv[1:] if argv is None else argv)])
@@ -216,7 +230,8 @@ def main(argv=None):
     plotted = plot_losses(first_seed_logs, out_dir / "loss.png")
     print(f"\n{table}\n\nwrote {out_dir / 'results.md'}, {out_dir / 'results.json'}"
           + (f", {out_dir / 'loss.png'}" if plotted else ""))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -91,3 +91,10 @@ def test_bad_arguments_are_refused(tiny_run, argv, message, capsys):
     with pytest.raises(SystemExit):
         compare.main([str(config), f"--out_dir={out_dir}", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_a_failed_training_run_is_one_error_line(tiny_run, capsys):
+    config, out_dir = tiny_run
+    code = compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", "--batch_size=0"])
+    assert code == 1
+    assert "error: training efficient (seed 0) failed with exit code" in capsys.readouterr().err
