@@ -96,16 +96,9 @@ def run_training(args, train_overrides, attention, seed, run_dir):
 
 
 def evaluate_hellaswag(run_dir, data_file, limit):
-    import torch
+    from eval_hellaswag import evaluate_checkpoint  # torch is imported only when HellaSwag is asked for
 
-    from checkpoint import load_checkpoint, model_from_checkpoint
-    from eval_hellaswag import evaluate, load_examples
-    from tokenizer import tokenizer_from_meta
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    checkpoint = load_checkpoint(run_dir, map_location=device)
-    model = model_from_checkpoint(checkpoint, device)
-    results = evaluate(model, load_examples(data_file, limit), tokenizer_from_meta(checkpoint["meta"]), device)
+    results = evaluate_checkpoint(run_dir, data_file, limit)
     return {f"hellaswag_{k}": results[k] for k in ("acc", "acc_norm", "acc_char_norm")}
 
 

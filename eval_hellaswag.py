@@ -44,7 +44,8 @@ from pathlib import Path
 
 import torch
 
-from sample import DTYPES, SampleError, autocast_context, check_device, load_model_and_tokenizer
+from checkpoint import load_model_and_tokenizer
+from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_FILENAME = "hellaswag_val.jsonl"
@@ -326,6 +327,15 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
     return results
 
 
+def evaluate_checkpoint(out_dir, data_file, limit=None, device="auto", dtype="auto", batch_size=1):
+    """Load a training run's checkpoint (its out_dir, or the file) with its tokenizer and score it on
+    a HellaSwag jsonl: the results of `evaluate`."""
+    device = resolve_device(device)
+    model, tokenizer, _ = load_model_and_tokenizer("resume", out_dir, device)
+    return evaluate(model, load_examples(data_file, limit), tokenizer, device, batch_size=batch_size,
+                    dtype=resolve_dtype(dtype, device))
+
+
 # -----------------------------------------------------------------------------
 # command line
 
@@ -337,8 +347,8 @@ def parse_args(argv=None):
     p.add_argument("--cache_dir", default=str(DEFAULT_CACHE_DIR), help="where the official file is downloaded to once")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
     p.add_argument("--batch_size", type=int, default=1, help="examples per forward pass (each is up to 8 sequences)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: bfloat16 on CUDA if supported, else float32")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, mps")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on CUDA if supported, else float32")
     p.add_argument("--output", default=None, help="results JSON (default: hellaswag.json beside the checkpoint, or hellaswag_<model>.json)")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on CPU (0 = torch's default)")
     p.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
@@ -365,15 +375,15 @@ def main(argv=None):
 
             rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            use_cuda = args.device.startswith("cuda")
+            use_cuda = resolve_device(args.device).startswith("cuda")
             if use_cuda:
                 args.device = f"cuda:{local_rank}"
                 torch.cuda.set_device(args.device)
             dist.init_process_group(backend="nccl" if use_cuda else "gloo")
         if args.threads > 0:
             torch.set_num_threads(args.threads)
-        device = check_device(args.device)
-        dtype = args.dtype or ("bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32")
+        device = resolve_device(args.device)
+        dtype = resolve_dtype(args.dtype, device)
         if args.batch_size < 1:
             raise HellaSwagError(f"--batch_size={args.batch_size} must be at least 1")
 
@@ -404,7 +414,7 @@ def main(argv=None):
         results = evaluate(model, examples, tokenizer, device, batch_size=args.batch_size, dtype=dtype,
                            rank=rank, world_size=world_size, progress=not args.no_progress and rank == 0)
         seconds = time.time() - t0
-    except (HellaSwagError, CheckpointError, TokenizerUnavailableError, SampleError) as e:
+    except (HellaSwagError, CheckpointError, TokenizerUnavailableError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except (RuntimeError, ValueError) as e:  # pretrained weights unreachable, bad arguments

@@ -18,79 +18,14 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from model import GPT, PRETRAINED_GPT2, check_sampling
+from checkpoint import CheckpointError, load_model_and_tokenizer
+from model import check_sampling
 from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype
-from tokenizer import GPT2Tokenizer, TokenizerUnavailableError, read_meta, tokenizer_from_meta
+from tokenizer import TokenizerUnavailableError
 
 
 class SampleError(RuntimeError):
     """A problem with what the user asked for (prompt file, tokenizer metadata, ...)."""
-
-
-# -----------------------------------------------------------------------------
-# shared with eval_hellaswag.py
-
-def checkpoint_meta(checkpoint):
-    """The dataset meta.json dict of a checkpoint: its "meta" entry, else data_dir/meta.json from its
-    training config, else None (the caller decides what that means)."""
-    meta = checkpoint.get("meta")
-    if meta:
-        return meta
-    data_dir = (checkpoint.get("config") or {}).get("data_dir")
-    if data_dir:
-        candidates = [Path(data_dir), Path(__file__).resolve().parent / data_dir]
-        for candidate in candidates:
-            if (candidate / "meta.json").is_file():
-                return read_meta(candidate)
-    return None
-
-
-def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
-    """(model in eval mode on device, tokenizer, description dict) for a checkpoint folder/file
-    (init_from="resume") or pretrained GPT-2 weights (init_from="gpt2", "gpt2-medium", ...).
-
-    Raises CheckpointError, TokenizerUnavailableError, SampleError, or RuntimeError (pretrained
-    weights unreachable), each with a message meant for the user."""
-    if init_from in PRETRAINED_GPT2:
-        model = GPT.from_pretrained(init_from, dict(dropout=0.0)).to(device).eval()
-        tokenizer = GPT2Tokenizer()
-        return model, tokenizer, {"init_from": init_from, "attention": "standard", "tokenizer": "gpt2"}
-    if init_from != "resume":
-        raise SampleError(f"--init_from={init_from!r}: use 'resume' (a checkpoint in --out_dir) or one of {', '.join(PRETRAINED_GPT2)}")
-
-    checkpoint = load_checkpoint(out_dir, map_location=device)
-    try:
-        model = model_from_checkpoint(checkpoint, device)
-    except (TypeError, ValueError, RuntimeError) as e:  # bad model_args or a state_dict that does not fit
-        raise CheckpointError(f"checkpoint {out_dir} cannot be turned into a model: {type(e).__name__}: {e}") from e
-    try:
-        meta = checkpoint_meta(checkpoint)
-    except (ValueError, FileNotFoundError) as e:
-        raise SampleError(f"checkpoint {out_dir}: its dataset's meta.json is unusable: {e}") from e
-    if meta is None:
-        if model.config.vocab_size < 50257:
-            raise SampleError(
-                f"checkpoint {out_dir} carries no tokenizer metadata (no 'meta' entry and no readable "
-                f"config['data_dir']/meta.json), and its vocab_size={model.config.vocab_size} is too small for "
-                f"GPT-2 BPE: put the dataset's meta.json where config['data_dir'] points"
-            )
-        print(f"note: {out_dir} has no tokenizer metadata; assuming GPT-2 BPE (vocab_size={model.config.vocab_size})",
-              file=sys.stderr)
-        meta = {"tokenizer": "gpt2", "vocab_size": 50257, "tokens": {"train": 0, "val": 0}}
-    try:
-        tokenizer = tokenizer_from_meta(meta)
-    except ValueError as e:
-        raise SampleError(f"checkpoint {out_dir}: bad tokenizer metadata: {e}") from e
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise SampleError(
-            f"checkpoint {out_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-            f"{model.config.vocab_size}: the meta.json is not the one this model was trained with"
-        )
-    return model, tokenizer, {
-        "init_from": "resume", "checkpoint": str(out_dir), "attention": model.config.attention,
-        "tokenizer": tokenizer.kind, "iter_num": checkpoint.get("iter_num"),
-    }
 
 
 def check_device(device):

@@ -174,7 +174,7 @@ def test_weight_decay_groups():
 # ----------------------------------------------------------------------------- logits and cropping
 
 @pytest.mark.parametrize("attention", VARIANTS)
-def test_all_logits_and_loss(attention):
+def test_logits_cover_every_position_with_targets_or_all_logits_else_the_last(attention):
     model = tiny_model(attention)
     idx = random_tokens(2, 10)
     with torch.no_grad():

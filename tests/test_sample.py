@@ -83,8 +83,10 @@ def test_meta_from_the_training_data_dir(tmp_path, capsys):
     (["--temperature", "-1"], "must be positive"),
     (["--start", "FILE:/no/such/prompt.txt"], "cannot read the prompt file"),
     (["--start", ""], "the prompt is empty"),
+    (["--compile", "--no_kv_cache"], "--compile decodes from the KV cache"),
+    (["--device", "gpu0"], "not a device torch knows"),
 ])
-def test_clear_errors(tmp_path, capsys, args, message):
+def test_bad_arguments_print_one_error_line_and_no_output(tmp_path, capsys, args, message):
     write_checkpoint(tmp_path)
     code, out, err = run(capsys, "--out_dir", tmp_path, "--max_new_tokens", 3, *args)
     assert code == 1 and out == ""
