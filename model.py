@@ -8,9 +8,25 @@ A GPT language model whose attention is one of the four variants of
     super      H_i = softmax(X W^Q_i X_i^T / sqrt(d_k)) (W^A X_i + b)      (efficient + alignment kernel)
 
 X is the block input after LayerNorm, X_i its i-th slice of d_k = n_embd / n_head columns, and in
-every variant O = [H_1 ... H_h] W^O. Everything else is NanoGPT's GPT-2: learned position
+every variant O = [H_1 ... H_h] W^O. Everything else is NanoGPT's GPT-2 by default: learned position
 embeddings, pre-LayerNorm blocks, a 4x GELU MLP and a language-model head tied to the token
-embedding. The four attention classes stand side by side below; they differ only in `project`
+embedding. Options of the same GPTConfig make the blocks Llama-style (docs/llama.md): RMSNorm
+(norm='rmsnorm'), rotary position embeddings (pos='rope'), a SwiGLU MLP (mlp='swiglu'), an untied
+head (tie_embeddings=False), and grouped-query attention for standard (n_kv_head < n_head).
+
+With pos='rope', in every variant the queries and keys of head i are rotated by R_p, the rotation of
+their own absolute position p, and the values never are, so the scores see only relative positions
+and the weighted sum is of the variant's own values:
+
+    standard   H_i = softmax(R X W^Q_i (R X W^K_i)^T / sqrt(d_k)) X W^V_i
+    optimized  H_i = softmax(R X W^Q_i (R X W^K_i)^T / sqrt(d_k)) X_i
+    efficient  H_i = softmax(R X W^Q_i (R X_i)^T / sqrt(d_k)) X_i          keys R X_i, values X_i
+    super      H_i = softmax(R X W^Q_i (R X_i)^T / sqrt(d_k)) (W^A X_i + b)   W^A mixes unrotated X_i
+
+so efficient's and super's keys (rotated) and values (not) are no longer one tensor: with RoPE the KV
+cache stores both, as standard's does. Rotating the values too would keep one tensor, but then each
+value would carry its absolute position into the output and, for super, W^A would mix vectors
+turned by different angles; the RoFormer/Llama rule (rotate the scores' operands only) is kept. The four attention classes stand side by side below; they differ only in `project`
 (which of Q, K, V are learned) and, for super, in `align` and in the hooks that follow from W^A
 (its FLOPs, its decay, its cropping). docs/adding-a-variant.md shows how to add a fifth.
 """
@@ -39,6 +55,14 @@ class GPTConfig:
     # nn.GELU's `approximate`: 'none' is the exact erf GELU (NanoGPT's, and faster on CPU); 'tanh' is
     # GPT-2's own, which from_pretrained uses so that OpenAI's weights reproduce exactly
     gelu_approximate: str = "none"
+    # Llama-style options (docs/llama.md); the defaults are GPT-2's
+    norm: str = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm' (Llama: a gain, no mean, no bias)
+    pos: str = "learned"  # 'learned' position table (GPT-2) or 'rope', rotary embeddings of q and k
+    rope_theta: float = 10000.0  # RoPE's base: head-dim pair m turns by p * rope_theta^(-2m/d_k)
+    mlp: str = "gelu"  # 'gelu' (GPT-2) or 'swiglu' (Llama: W_down(silu(W_gate x) * W_up x))
+    intermediate_size: int = 0  # the MLP's hidden width; 0 = 4 * n_embd (gelu only)
+    tie_embeddings: bool = True  # the output head shares the token embedding (GPT-2); False: its own
+    n_kv_head: int = 0  # key/value heads of standard attention (grouped-query); 0 = n_head
 
     def __post_init__(self):
         if self.attention not in ATTENTION_CLASSES:
@@ -47,6 +71,9 @@ class GPTConfig:
             )
         if self.gelu_approximate not in ("none", "tanh"):
             raise ValueError(f"unknown gelu_approximate={self.gelu_approximate!r}; choose 'none' (exact) or 'tanh'")
+        for name, choices in (("norm", NORMS), ("pos", POSITIONS), ("mlp", MLPS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"unknown {name}={getattr(self, name)!r}; choose one of {', '.join(choices)}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
@@ -57,6 +84,31 @@ class GPTConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        self._check_llama_options()
+
+    def _check_llama_options(self):
+        if self.intermediate_size < 0:
+            raise ValueError(f"intermediate_size={self.intermediate_size} must be positive, or 0 for 4 * n_embd")
+        if self.mlp == "swiglu" and self.intermediate_size == 0:
+            raise ValueError("mlp='swiglu' needs its hidden width: set intermediate_size (Llama's is about "
+                             "8/3 * n_embd, e.g. 5632 for n_embd=2048), as 4 * n_embd is GELU's convention")
+        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"pos='rope' turns pairs of a head's dimensions, but d_k = n_embd / n_head = "
+                             f"{self.n_embd // self.n_head} is odd: pick n_embd and n_head with an even quotient")
+        if self.pos == "rope" and self.rope_theta <= 0:
+            raise ValueError(f"rope_theta={self.rope_theta} must be positive (Llama uses 10000)")
+        self._check_kv_heads()
+
+    def _check_kv_heads(self):
+        if self.n_kv_head < 0 or (self.n_kv_head and self.n_head % self.n_kv_head):
+            raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} (each key/value head "
+                             f"serves n_head / n_kv_head query heads), or be 0 for n_kv_head = n_head")
+        if self.n_kv_head not in (0, self.n_head) and ATTENTION_CLASSES[self.attention].n_learned_inputs < 3:
+            raise ValueError(
+                f"n_kv_head={self.n_kv_head} != n_head={self.n_head} needs learned W^K and W^V to share between "
+                f"query heads, but {self.attention} attention's values (and for efficient and super its keys too) "
+                f"are the slices X_i of its input, one per query head: set n_kv_head=0, or use attention='standard'"
+            )
 
 
 class LayerNorm(nn.Module):
@@ -71,11 +123,46 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
+class RMSNorm(nn.Module):
+    """Llama's norm: x / rms(x) * gain, no mean subtracted and no bias."""
+
+    def __init__(self, ndim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+
+    def forward(self, x):
+        return F.rms_norm(x, self.weight.shape, self.weight, 1e-5)  # Llama 2's and TinyLlama's epsilon
+
+
+def make_norm(config):
+    return RMSNorm(config.n_embd) if config.norm == "rmsnorm" else LayerNorm(config.n_embd, bias=config.bias)
+
+
+def rotary_cos_sin(positions, head_dim, theta):
+    """cos and sin (T, 1, head_dim / 2) of RoPE's angles p * theta^(-2m / head_dim) at the positions
+    (T,) of the tokens, in float32 (the angles reach thousands of radians)."""
+    inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.float()[:, None] * inv_freq
+    return angles.cos()[:, None], angles.sin()[:, None]
+
+
+def apply_rotary(t, rope):
+    """Rotate every head of t (B, T, heads * d_k) by the angles of rope = (cos, sin): dimension m is
+    paired with m + d_k / 2 (the "rotate half" layout of GPT-NeoX and Hugging Face's Llama)."""
+    cos, sin = (a.to(t.dtype) for a in rope)
+    B, T, C = t.shape
+    first, second = t.view(B, T, -1, 2 * cos.size(-1)).chunk(2, dim=-1)
+    turned = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    return turned.view(B, T, C)
+
+
 class KVCache:
     """Past keys and values of every layer, for incremental decoding, preallocated to max_len positions.
 
-    Rows are kept as (B, max_len, n_embd), before the head split, so that efficient and super store the
-    raw block input once and use it as both keys and values; super also keeps its aligned values. The
+    Rows are kept as (B, max_len, width), before the head split (width is n_embd, or n_kv_head * d_k for
+    grouped-query keys and values), so that efficient and super store the raw block input once and use
+    it as both keys and values (not with RoPE: its keys are rotated, its values not); super also keeps
+    its aligned values. The
     buffers start at zero: rows not yet written are masked out of the scores and meet only zeros of
     super's W^A, and 0 * 0 stays 0 where uninitialised memory could hold a NaN.
 
@@ -171,8 +258,14 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
+        self.head_dim = config.n_embd // config.n_head
+        self.n_kv_head = config.n_kv_head or config.n_head  # fewer only for grouped-query standard
+        self.kv_dim = self.n_kv_head * self.head_dim  # the width of learned W^K and W^V
+        self.rope_theta = config.rope_theta if config.pos == "rope" else None
         self.dropout = config.dropout
-        self.c_attn = nn.Linear(config.n_embd, self.n_learned_inputs * config.n_embd, bias=config.bias)
+        # W^Q (n_embd wide), then W^K and W^V where learned (kv_dim wide each)
+        width = config.n_embd + (self.n_learned_inputs - 1) * self.kv_dim
+        self.c_attn = nn.Linear(config.n_embd, width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -196,24 +289,40 @@ class CausalSelfAttention(nn.Module):
         """Shrink whatever depends on the context length (GPT.crop_block_size)."""
 
     def flops_per_token(self, seq_len):
-        """Forward matmul FLOPs per token (a multiply-add is 2): the learned d x d projections (W^Q, and
-        W^K, W^V where learned, and W^O), then the scores Q K^T and the weighted sum, 2 T d each."""
+        """Forward matmul FLOPs per token (a multiply-add is 2): the learned projections (W^Q and W^O
+        d x d, W^K and W^V d x kv_dim where learned), then the scores Q K^T and the weighted sum, 2 T d
+        each (every query head, whichever key/value head it shares). RoPE's rotations are not matmuls."""
         d = self.n_embd
-        return 2 * (self.n_learned_inputs + 1) * d * d + 4 * seq_len * d
+        return 2 * (2 * d + (self.n_learned_inputs - 1) * self.kv_dim) * d + 4 * seq_len * d
 
     def split_heads(self, t):
         B, T, C = t.shape
-        return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        return t.view(B, T, C // self.head_dim, self.head_dim).transpose(1, 2)
 
-    def forward(self, x, cache=None):
-        """x (B, T, n_embd); cache, when decoding, is this layer's LayerStep of a KVCache."""
+    def rotate(self, q, k, rope):
+        """RoPE (rope = (cos, sin) at the tokens' positions, or None): queries and keys turn, values never
+        do, so efficient's keys are the rotated X_i and its values the plain X_i, and super's W^A mixes
+        the plain X_i."""
+        return (q, k) if rope is None else (apply_rotary(q, rope), apply_rotary(k, rope))
+
+    def shared_kv_heads(self, t):
+        """Grouped-query attention: each key/value head (B, n_kv_head, S, d_k) serves n_head / n_kv_head
+        consecutive query heads. Repeating them works with every SDPA kernel and torch >= 2.4."""
+        return t if self.n_kv_head == self.n_head else t.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+
+    def forward(self, x, cache=None, rope=None):
+        """x (B, T, n_embd); cache, when decoding, is this layer's LayerStep of a KVCache; rope, with
+        pos='rope', the (cos, sin) of the tokens' absolute positions (rotary_cos_sin)."""
         B, T, C = x.size()
         q, k, v = self.project(x)
+        q, k = self.rotate(q, k, rope)
         if cache is not None:
             k = cache.store("k", k)
-            v = k if self.values_are_keys else cache.store("v", v)
+            # rotated keys and unrotated values are two tensors even where the variant's K and V are one
+            v = k if self.values_are_keys and rope is None else cache.store("v", v)
         v = self.align(v, cache)
-        y = self.attend(self.split_heads(q), self.split_heads(k), self.split_heads(v), cache)
+        k, v = (self.shared_kv_heads(self.split_heads(t)) for t in (k, v))
+        y = self.attend(self.split_heads(q), k, v, cache)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -231,20 +340,38 @@ class CausalSelfAttention(nn.Module):
     # `forward` (fused, cached, compiled) to it. A variant overrides the hooks where its equation differs.
     def reference(self, x):
         T, d = x.shape
-        dk = d // self.n_head
+        dk = self.head_dim
         W = self.c_attn.weight
         b = self.c_attn.bias if self.c_attn.bias is not None else torch.zeros(W.size(0), device=x.device)
         # the learned inputs come in the order W^Q, W^K, W^V; those not learned are X itself
-        learned = [x @ W[j * d : (j + 1) * d].T + b[j * d : (j + 1) * d] for j in range(self.n_learned_inputs)]
+        rows = [0, d, d + self.kv_dim, d + 2 * self.kv_dim][: self.n_learned_inputs + 1]
+        learned = [x @ W[r0:r1].T + b[r0:r1] for r0, r1 in zip(rows, rows[1:])]
         Q, K, V = (learned + [x, x])[:3]
         V = self.reference_values(V)
         future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         heads = []
         for i in range(self.n_head):
             cols = slice(i * dk, (i + 1) * dk)
-            scores = self.reference_scores(Q[:, cols] @ K[:, cols].T / math.sqrt(dk), i)
-            heads.append(torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ V[:, cols])
+            j = i // (self.n_head // self.n_kv_head)  # the key/value head query head i shares
+            kv_cols = slice(j * dk, (j + 1) * dk)
+            q, k = self.reference_rotate(Q[:, cols]), self.reference_rotate(K[:, kv_cols])
+            scores = self.reference_scores(q @ k.T / math.sqrt(dk), i)
+            heads.append(torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ V[:, kv_cols])
         return self.c_proj(torch.cat(heads, dim=1))
+
+    def reference_rotate(self, t):
+        """RoPE as RoFormer writes it: row p of one head's (T, d_k) queries or keys times the block
+        rotation matrix R_p, which turns the pair (m, m + d_k/2) by p * theta^(-2m/d_k)."""
+        if self.rope_theta is None:
+            return t
+        T, dk = t.shape
+        half = dk // 2
+        angle = torch.arange(T, dtype=torch.float64)[:, None] * self.rope_theta ** (-2 * torch.arange(half) / dk)
+        R = torch.zeros(T, dk, dk, dtype=torch.float64)
+        m = torch.arange(half)
+        R[:, m, m], R[:, m, m + half] = angle.cos(), -angle.sin()
+        R[:, m + half, m], R[:, m + half, m + half] = angle.sin(), angle.cos()
+        return torch.einsum("pij,pj->pi", R.to(t), t)
 
     def reference_values(self, v):
         return v
@@ -254,11 +381,12 @@ class CausalSelfAttention(nn.Module):
 
 
 class StandardAttention(CausalSelfAttention):
-    # Q' = X W^Q_i, K' = X W^K_i, V' = X W^V_i  (paper Eq. 1-2)
+    # Q' = X W^Q_i, K' = X W^K_i, V' = X W^V_i  (paper Eq. 1-2); with n_kv_head < n_head (grouped-query,
+    # as TinyLlama), query head i uses W^K_j, W^V_j of group j = i // (n_head / n_kv_head)
     n_learned_inputs = 3
 
     def project(self, x):
-        return self.c_attn(x).split(self.n_embd, dim=2)
+        return self.c_attn(x).split([self.n_embd, self.kv_dim, self.kv_dim], dim=2)
 
 
 class OptimizedAttention(CausalSelfAttention):
@@ -336,28 +464,58 @@ ATTENTION_VARIANTS = ("standard", "optimized", "efficient", "super")  # the pape
 PRETRAINED_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # 124M, 350M, 774M, 1558M
 
 
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+MLPS = ("gelu", "swiglu")
+
+
 class MLP(nn.Module):
+    """GPT-2's: W_2 gelu(W_1 x), hidden width intermediate_size (4 * n_embd by default)."""
+
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.hidden = config.intermediate_size or 4 * config.n_embd
+        self.c_fc = nn.Linear(config.n_embd, self.hidden, bias=config.bias)
         self.gelu = nn.GELU(approximate=config.gelu_approximate)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(self.hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
+    def flops_per_token(self):
+        return 2 * 2 * self.c_fc.in_features * self.hidden  # two d x hidden matrices
+
+
+class SwiGLU(nn.Module):
+    """Llama's: W_down(silu(W_gate x) * W_up x). W_gate and W_up are one fused Linear (`c_fc`, gate rows
+    first): one matmul instead of two, the same FLOPs."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.hidden = config.intermediate_size
+        self.c_fc = nn.Linear(config.n_embd, 2 * self.hidden, bias=config.bias)
+        self.c_proj = nn.Linear(self.hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        gate, up = self.c_fc(x).chunk(2, dim=-1)
+        return self.dropout(self.c_proj(F.silu(gate) * up))
+
+    def flops_per_token(self):
+        return 3 * 2 * self.c_fc.in_features * self.hidden  # three d x hidden matrices
+
 
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = ATTENTION_CLASSES[config.attention](config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
 
-    def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)
+    def forward(self, x, cache=None, rope=None):
+        x = x + self.attn(self.ln_1(x), cache, rope)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -368,13 +526,15 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=make_norm(config),
         ))
+        if config.pos == "learned":  # with RoPE the positions live in the attention's rotations instead
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        if config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self._compiled = {}  # generate(compile=True)'s decode step and its cache, made on first use
 
         self.apply(self._init_weights)
@@ -392,13 +552,17 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def get_num_params(self, non_embedding=True):
-        """Free parameters, the tied head counted once. non_embedding drops the position embedding
-        (the token embedding stays, as it is also the output head), as NanoGPT does. Super's upper
-        triangle of W^A is zero by construction and is not counted."""
+        """Free parameters, a tied head counted once, an untied one (tie_embeddings=False) counted beside
+        the token embedding. non_embedding drops the lookup tables, as NanoGPT does: the position
+        embedding, and the token embedding when it is not also the output head. Super's upper triangle
+        of W^A is zero by construction and is not counted."""
         n_params = sum(p.numel() for p in self.parameters())
         n_params -= sum(block.attn.num_structural_zeros() for block in self.transformer.h)
         if non_embedding:
-            n_params -= self.transformer.wpe.weight.numel()
+            if "wpe" in self.transformer:
+                n_params -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_embeddings:
+                n_params -= self.transformer.wte.weight.numel()
         return n_params
 
     def get_num_attention_params(self):
@@ -420,9 +584,9 @@ class GPT(nn.Module):
             )
         step = None if kv_cache is None else kv_cache.step(T, idx.device, input_pos)
         pos = torch.arange(T, device=idx.device) if step is None else step.positions
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x, rope = self.embed(idx, pos)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, None if step is None else step.layer(i))
+            x = block(x, None if step is None else step.layer(i), rope)
         if step is not None:
             step.finish()
         x = self.transformer.ln_f(x)
@@ -434,13 +598,23 @@ class GPT(nn.Module):
         logits = self.lm_head(x if all_logits else x[:, [-1], :])
         return logits, None
 
+    def embed(self, idx, pos):
+        """The token embeddings plus, by default, the learned position embeddings at pos (T,); with RoPE,
+        the token embeddings alone and the rotations at pos, which every layer's attention applies."""
+        x = self.transformer.wte(idx)
+        if self.config.pos == "rope":
+            return self.transformer.drop(x), rotary_cos_sin(pos, self.config.n_embd // self.config.n_head,
+                                                            self.config.rope_theta)
+        return self.transformer.drop(x + self.transformer.wpe(pos)), None
+
     def crop_block_size(self, block_size):
         """Shrink the context length, e.g. to fine-tune pretrained GPT-2 at block_size < 1024."""
         if not 0 < block_size <= self.config.block_size:
             raise ValueError(f"crop_block_size({block_size}): must be in 1..{self.config.block_size}")
         self.config.block_size = block_size
         self._compiled.clear()
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        if "wpe" in self.transformer:  # RoPE has no table: its angles are computed for any position
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         for block in self.transformer.h:
             block.attn.crop_block_size(block_size)
 
@@ -515,12 +689,13 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len=None, backward=True):
         """Matmul FLOPs per token (a multiply-add is 2), forward and, by default, backward (twice the
         forward). Per layer, the attention variant's own count (CausalSelfAttention.flops_per_token)
-        and the MLP's 16 d^2; plus the output head 2 d V. NanoGPT's 6N + 12 L d T agrees for
-        standard, optimized and efficient; it misses super's W^A V."""
+        and the MLP's (16 d^2 for GPT-2's, 6 d ffn for SwiGLU); plus the output head 2 d V. NanoGPT's
+        6N + 12 L d T agrees for standard, optimized and efficient; it misses super's W^A V."""
         cfg = self.config
         T = cfg.block_size if seq_len is None else seq_len
         d = cfg.n_embd
-        per_layer = self.transformer.h[0].attn.flops_per_token(T) + 16 * d * d
+        block = self.transformer.h[0]
+        per_layer = block.attn.flops_per_token(T) + block.mlp.flops_per_token()
         forward = cfg.n_layer * per_layer + 2 * d * cfg.vocab_size
         return 3 * forward if backward else forward
 
