@@ -4,6 +4,7 @@
 # config/train_llama1b_efficient_c4.py with the same recipe, so the two differ only in shape and
 # attention. See docs/llama.md.
 #   python prepare_openwebtext.py --dataset c4 --max_tokens 30B        # -> data/c4 (docs/data.md)
+#   python train.py config/train_tinyllama_standard_c4.py                      # one GPU
 #   torchrun --standalone --nproc_per_node=8 train.py config/train_tinyllama_standard_c4.py
 # Parameters: 1,175,021,568 with this repo's GPT-2 BPE (vocab 50304, untied); with Llama's
 # 32000-token vocabulary it would be 1,100,048,384, TinyLlama's own count.
@@ -16,8 +17,10 @@ wandb_run_name = 'tinyllama-standard'
 
 dataset = 'c4'
 block_size = 2048  # TinyLlama's context
-batch_size = 8  # sequences per micro-batch per GPU
-gradient_accumulation_steps = 32  # global: e.g. 4 per GPU on 8 GPUs; 8 * 32 * 2048 = 524,288 tokens per step
+# 524,288 tokens per step, as config/train_llama1b_efficient_c4.py (4 sequences x 64 micro-steps x 2048,
+# the accumulation shared out over the DDP processes); the micro-batch of 4 is to be measured on the GPU
+batch_size = 4
+gradient_accumulation_steps = 64
 
 n_layer = 22
 n_head = 32

@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import train as T
-from checkpoint import load_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
 from conftest import REPO, VARIANTS
 from model import GPT, GPTConfig, apply_rotary, rotary_cos_sin
 from test_model import TINY, random_tokens, tiny_model
@@ -312,3 +312,6 @@ def test_resume_equals_uninterrupted_training(tmp_path, data_dir, attention, opt
     assert not torch.equal(straight["model"]["lm_head.weight"], straight["model"]["transformer.wte.weight"])
     for key in straight["model"]:
         assert torch.equal(straight["model"][key], split["model"][key]), key
+    # what sample.py and eval_hellaswag.py load: the Llama-style options come back from model_args
+    model = model_from_checkpoint(straight)
+    assert model.config.mlp == "swiglu" and model.generate(torch.zeros(1, 1, dtype=torch.long), 20).shape == (1, 21)
