@@ -26,9 +26,11 @@ and the weighted sum is of the variant's own values:
 so efficient's and super's keys (rotated) and values (not) are no longer one tensor: with RoPE the KV
 cache stores both, as standard's does. Rotating the values too would keep one tensor, but then each
 value would carry its absolute position into the output and, for super, W^A would mix vectors
-turned by different angles; the RoFormer/Llama rule (rotate the scores' operands only) is kept. The four attention classes stand side by side below; they differ only in `project`
-(which of Q, K, V are learned) and, for super, in `align` and in the hooks that follow from W^A
-(its FLOPs, its decay, its cropping). docs/adding-a-variant.md shows how to add a fifth.
+turned by different angles; the RoFormer/Llama rule (rotate the scores' operands only) is kept.
+
+The four attention classes stand side by side below; they differ only in `project` (which of Q, K, V
+are learned) and, for super, in `align` and in the hooks that follow from W^A (its FLOPs, its decay,
+its cropping). docs/adding-a-variant.md shows how to add a fifth.
 """
 
 import contextlib
@@ -162,9 +164,8 @@ class KVCache:
     Rows are kept as (B, max_len, width), before the head split (width is n_embd, or n_kv_head * d_k for
     grouped-query keys and values), so that efficient and super store the raw block input once and use
     it as both keys and values (not with RoPE: its keys are rotated, its values not); super also keeps
-    its aligned values. The
-    buffers start at zero: rows not yet written are masked out of the scores and meet only zeros of
-    super's W^A, and 0 * 0 stays 0 where uninitialised memory could hold a NaN.
+    its aligned values. The buffers start at zero: rows not yet written are masked out of the scores
+    and meet only zeros of super's W^A, and 0 * 0 stays 0 where uninitialised memory could hold a NaN.
 
     A forward either *grows* the cache (eager decoding: its tokens go at `length`, the rows so far are a
     view that grows a row a step) or, given `input_pos`, writes at those positions and attends to all
@@ -524,14 +525,16 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        embeddings = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if config.pos == "learned":  # with RoPE the positions live in the attention's rotations instead
+            # second, as always: an optimizer's saved state follows the order of the parameters
+            embeddings["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            **embeddings,
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=make_norm(config),
         ))
-        if config.pos == "learned":  # with RoPE the positions live in the attention's rotations instead
-            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # weight tying

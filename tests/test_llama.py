@@ -46,6 +46,13 @@ def test_llama_options_build_llama_modules():
     assert tied.get_num_params(non_embedding=False) == model.get_num_params(non_embedding=False) - table
 
 
+def test_gpt2_default_keeps_its_parameter_order():
+    """Checkpoints written before the options hold AdamW state in the order of model.parameters()."""
+    names = [name for name, _ in tiny_model("standard").named_parameters()]
+    assert names[:3] == ["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight"]
+    assert names[-2:] == ["transformer.ln_f.weight", "transformer.ln_f.bias"]  # the tied head is wte
+
+
 def test_rmsnorm_is_x_over_its_rms_times_the_gain():
     norm = llama_model("standard").transformer.h[0].ln_1
     with torch.no_grad():
