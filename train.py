@@ -36,9 +36,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint, strip_compiled_prefix
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from checkpoint import (CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, CheckpointError, load_checkpoint, save_checkpoint,
+                        strip_compiled_prefix)
 from model import GPT, PRETRAINED_GPT2, GPTConfig
-from runtime import autocast_context, peak_flops, resolve_dtype
+from runtime import autocast_context, peak_flops, resolve_device, resolve_dtype
+from tokenizer import TOKEN_DTYPE
 
 # -----------------------------------------------------------------------------
 # default config values: train a GPT-2 (124M) on OpenWebText, as NanoGPT does
@@ -262,7 +267,7 @@ def _token_file(data_dir, split):
 
 def _max_token(path, limit=1 << 28, chunk=1 << 24):
     """The largest token id in a uint16 file, or None when the file is too large to scan quickly."""
-    data = np.memmap(path, dtype=np.uint16, mode="r")
+    data = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
     if len(data) > limit:
         return None
     return max(int(data[i:i + chunk].max()) for i in range(0, len(data), chunk))
@@ -317,7 +322,7 @@ class Batches:
 
     def get(self, ix):
         # a fresh memmap per batch, as NanoGPT does, avoids a slow memory growth on huge files
-        data = np.memmap(self.path, dtype=np.uint16, mode="r")
+        data = np.memmap(self.path, dtype=TOKEN_DTYPE, mode="r")
         T = self.block_size
         rows = np.stack([data[i:i + T + 1] for i in ix.tolist()]).astype(np.int64)
         xy = torch.from_numpy(rows)
@@ -373,7 +378,7 @@ class _Log:
         self.file = None
         self.wandb = wandb_run
         if enabled:
-            self.file = open(Path(out_dir) / "log.jsonl", "a" if append else "w", encoding="utf-8", buffering=1)
+            self.file = open(Path(out_dir) / LOG_NAME, "a" if append else "w", encoding="utf-8", buffering=1)
 
     def write(self, record):
         if self.file is not None:
@@ -389,50 +394,18 @@ class _Log:
 
 
 # -----------------------------------------------------------------------------
-# the training run
+# the training run: set-up (checked before anything trains), then one Run object that the pieces
+# below (estimate_loss, save, evaluate, train_step, the loop, the summary) read and advance
 
-def train(config, verbose=True):
-    """Run one training as configured (a dict of DEFAULT_CONFIG keys; missing keys take their
-    defaults) and return the summary dict that is also written to out_dir/summary.json."""
-    wall_start = time.time()
-    c = resolve_config(config)
+def setup_distributed():
+    """(ddp, rank, local_rank, world_size). Under torchrun (RANK set) the DDP path is taken even with
+    one process, as NanoGPT does."""
+    if int(os.environ.get("RANK", -1)) == -1:
+        return False, 0, 0, 1
+    return True, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
 
-    # --- distributed setup
-    ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun, even with one process (as NanoGPT)
-    if ddp:
-        import torch.distributed as dist
 
-        rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    else:
-        dist, rank, local_rank, world_size = None, 0, 0, 1
-    master = rank == 0
-
-    device = c["device"]
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if ddp and device.startswith("cuda"):
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-    device_type = "cuda" if device.startswith("cuda") else ("mps" if device.startswith("mps") else "cpu")
-    backend = c["backend"] if c["backend"] != "auto" else ("nccl" if device_type == "cuda" else "gloo")
-    dtype = resolve_dtype(c["dtype"], device)
-    if c["gradient_accumulation_steps"] % world_size:
-        raise ConfigError(
-            f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be divisible by "
-            f"the number of DDP processes ({world_size}): the steps are split over them"
-        )
-    accum = c["gradient_accumulation_steps"] // world_size  # micro-steps per rank per iteration
-    tokens_per_iter = c["gradient_accumulation_steps"] * c["batch_size"] * c["block_size"]
-
-    def say(*args):
-        if verbose and master:
-            print(*args, flush=True)
-
-    out_dir = Path(c["out_dir"])
-    data_dir = Path(c["data_dir"] or os.path.join("data", c["dataset"]))
-
-    # --- everything that can be wrong is checked before any training starts
-    meta, n_tokens, max_token = check_data(data_dir, c["block_size"])
+def choose_vocab_size(c, meta, max_token, data_dir):
     if c["init_from"] in PRETRAINED_GPT2:
         if meta["tokenizer"] != "gpt2":
             raise DataError(f"init_from={c['init_from']!r} needs GPT-2 BPE data, but {data_dir} is {meta['tokenizer']}-level")
@@ -448,28 +421,59 @@ def train(config, verbose=True):
             f"vocab_size={vocab_size} is too small for the data in {data_dir}: its largest token id is "
             f"{max_token}, so vocab_size must be at least {max_token + 1}"
         )
-    model_args = {key: c[key] for key in MODEL_ARG_KEYS}
-    model_args["vocab_size"] = vocab_size
-    checkpoint = None
-    if c["init_from"] == "resume":
-        checkpoint = load_checkpoint(out_dir, map_location="cpu")
-        saved = checkpoint["model_args"]
-        mismatched = {k: (saved.get(k), v) for k, v in model_args.items() if saved.get(k) != v}
-        if mismatched:
-            details = ", ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, (a, b) in mismatched.items())
-            raise CheckpointError(
-                f"cannot resume from {out_dir / CHECKPOINT_NAME}: its model args differ from the requested ones "
-                f"({details}). Use the config the checkpoint was trained with, or another out_dir"
-            )
-        for key in ("optimizer", "iter_num", "rng"):
-            if key not in checkpoint:
-                raise CheckpointError(f"cannot resume from {out_dir / CHECKPOINT_NAME}: it has no {key!r} (not a training checkpoint)")
+    return vocab_size
 
+
+def load_resume_checkpoint(out_dir, model_args):
+    """The checkpoint to resume from, after checking that it trains the model requested."""
+    checkpoint = load_checkpoint(out_dir, map_location="cpu")
+    saved = checkpoint["model_args"]
+    mismatched = {k: (saved.get(k), v) for k, v in model_args.items() if saved.get(k) != v}
+    if mismatched:
+        details = ", ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, (a, b) in mismatched.items())
+        raise CheckpointError(
+            f"cannot resume from {out_dir / CHECKPOINT_NAME}: its model args differ from the requested ones "
+            f"({details}). Use the config the checkpoint was trained with, or another out_dir"
+        )
+    for key in ("optimizer", "iter_num", "rng"):
+        if key not in checkpoint:
+            raise CheckpointError(f"cannot resume from {out_dir / CHECKPOINT_NAME}: it has no {key!r} (not a training checkpoint)")
+    return checkpoint
+
+
+def train(config, verbose=True):
+    """Run one training as configured (a dict of DEFAULT_CONFIG keys; missing keys take their
+    defaults) and return the summary dict that is also written to out_dir/summary.json."""
+    wall_start = time.time()
+    c = resolve_config(config)
+    ddp, rank, local_rank, world_size = setup_distributed()
+    device = resolve_device(c["device"])
+    if ddp and device.startswith("cuda"):
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    if c["gradient_accumulation_steps"] % world_size:
+        raise ConfigError(
+            f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be divisible by "
+            f"the number of DDP processes ({world_size}): the steps are split over them"
+        )
+    out_dir = Path(c["out_dir"])
+    data_dir = Path(c["data_dir"] or os.path.join("data", c["dataset"]))
+
+    # everything that can be wrong is checked before any training starts
+    meta, n_tokens, max_token = check_data(data_dir, c["block_size"])
+    model_args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": choose_vocab_size(c, meta, max_token, data_dir)}
+    checkpoint = load_resume_checkpoint(out_dir, model_args) if c["init_from"] == "resume" else None
+
+    run = Run(c=c, ddp=ddp, rank=rank, world_size=world_size, device=device, dtype=resolve_dtype(c["dtype"], device),
+              out_dir=out_dir, data_dir=data_dir, meta=meta, model_args=model_args, verbose=verbose,
+              wall_start=wall_start)
     if ddp:
+        backend = c["backend"] if c["backend"] != "auto" else ("nccl" if run.device_type == "cuda" else "gloo")
         dist.init_process_group(backend=backend)
     try:
-        summary = _run(c, checkpoint, meta, n_tokens, model_args, data_dir, out_dir, device, device_type, dtype,
-                       ddp, dist, rank, world_size, master, accum, tokens_per_iter, say, wall_start)
+        run.announce(n_tokens)
+        run.build(checkpoint)
+        summary = training_loop(run)
         if ddp:
             dist.barrier()  # no rank tears down its connections while another still uses them
         return summary
@@ -478,296 +482,355 @@ def train(config, verbose=True):
             dist.destroy_process_group()
 
 
-def _run(c, checkpoint, meta, n_tokens, model_args, data_dir, out_dir, device, device_type, dtype,
-         ddp, dist, rank, world_size, master, accum, tokens_per_iter, say, wall_start):
-    if c["num_threads"]:
-        torch.set_num_threads(c["num_threads"])
-    say("config:")
-    for key in sorted(c):
-        say(f"  {key} = {c[key]!r}")
-    say(f"device {device}, dtype {dtype}, {world_size} process(es), {accum} micro-step(s) per process, "
-        f"{tokens_per_iter:,} tokens per iteration; data {data_dir}: {n_tokens['train']:,} train / "
-        f"{n_tokens['val']:,} val tokens ({meta['tokenizer']}, vocab {meta['vocab_size']})")
-    if master:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for stale in out_dir.glob(CHECKPOINT_NAME + ".*.tmp"):  # left by a crash while saving
-            stale.unlink(missing_ok=True)
+class Run:
+    """What one training run holds and advances: the config, where it runs, the model and optimizer,
+    the batches and their generator, the iteration, the best loss and the log."""
 
-    # --- model: the same initialisation on every rank, then per-rank dropout streams
-    torch.manual_seed(c["seed"])
-    if c["init_from"] in PRETRAINED_GPT2:
-        model = GPT.from_pretrained(c["init_from"], dict(dropout=c["dropout"], attention=c["attention"]))
-        if c["block_size"] < model.config.block_size:
-            model.crop_block_size(c["block_size"])
-        model_args = {k: getattr(model.config, k) for k in MODEL_ARG_KEYS}
-    else:
-        model = GPT(GPTConfig(**model_args))
-    if checkpoint is not None:
-        model.load_state_dict(strip_compiled_prefix(checkpoint["model"]))
-    model.to(device)
-    torch.manual_seed(c["seed"] + rank)
+    def __init__(self, c, ddp, rank, world_size, device, dtype, out_dir, data_dir, meta, model_args, verbose,
+                 wall_start):
+        self.c, self.ddp, self.rank, self.world_size = c, ddp, rank, world_size
+        self.master = rank == 0
+        self.device, self.dtype = device, dtype
+        self.device_type = torch.device(device).type
+        self.out_dir, self.data_dir, self.meta, self.model_args = out_dir, data_dir, meta, model_args
+        self.verbose, self.wall_start = verbose, wall_start
+        self.accum = c["gradient_accumulation_steps"] // world_size  # micro-steps per rank per iteration
+        self.tokens_per_iter = c["gradient_accumulation_steps"] * c["batch_size"] * c["block_size"]
+        self.iter_num, self.start_iter, self.best_val_loss = 0, 0, 1e9
+        self.last_losses = {"train": None, "val": None}
+        self.step_times, self.n_steps, self.stop_reason = [], 0, "max_iters"
 
-    autocast = autocast_context(device, dtype)
-    peak = peak_flops(c["peak_flops"], device)  # None: no MFU (CPU, or a GPU without a known peak)
-    if peak is None and device_type == "cuda":
-        say(f"note: no MFU: {torch.cuda.get_device_name(device)} is not in runtime.PEAK_BF16_FLOPS; set peak_flops")
-    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
+    def say(self, *args):
+        if self.verbose and self.master:
+            print(*args, flush=True)
 
-    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device_type)
-    if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        if "scaler" in checkpoint and scaler.is_enabled():
-            scaler.load_state_dict(checkpoint["scaler"])
+    def announce(self, n_tokens):
+        c = self.c
+        if c["num_threads"]:
+            torch.set_num_threads(c["num_threads"])
+        self.say("config:")
+        for key in sorted(c):
+            self.say(f"  {key} = {c[key]!r}")
+        self.say(f"device {self.device}, dtype {self.dtype}, {self.world_size} process(es), {self.accum} micro-step(s) "
+                 f"per process, {self.tokens_per_iter:,} tokens per iteration; data {self.data_dir}: "
+                 f"{n_tokens['train']:,} train / {n_tokens['val']:,} val tokens "
+                 f"({self.meta['tokenizer']}, vocab {self.meta['vocab_size']})")
+        if self.master:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            for stale in self.out_dir.glob(CHECKPOINT_NAME + ".*.tmp"):  # left by a crash while saving
+                stale.unlink(missing_ok=True)
 
-    raw_model = model
-    if c["compile"]:
-        say("compiling the model with torch.compile...")
-        model = torch.compile(model)
-    if ddp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+    def build(self, checkpoint):
+        """Model, optimizer, batches, RNG state (from the checkpoint when resuming), loggers."""
+        self.build_model(checkpoint)
+        self.build_optimizer(checkpoint)
+        c = self.c
+        self.train_batches = Batches(self.data_dir / "train.bin", c["block_size"], c["batch_size"], self.device)
+        self.val_batches = Batches(self.data_dir / "val.bin", c["block_size"], c["batch_size"], self.device)
+        self.generator = torch.Generator().manual_seed(c["seed"])
+        if checkpoint is not None:
+            self.restore(checkpoint)
+        self.start_iter = self.iter_num
+        # On CPU, small evaluation batches waste time in small matmuls: evaluate up to ~16K tokens per
+        # forward pass instead (the same sequences, so the same mean loss up to float rounding). On GPU,
+        # and with compile (fixed shapes), one batch per forward pass as in training.
+        self.eval_group = 1
+        if self.device_type == "cpu" and not c["compile"]:
+            self.eval_group = max(1, 16384 // (c["batch_size"] * c["block_size"]))
+        self.open_logs()
 
-        model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
+    def build_model(self, checkpoint):
+        """The same initialisation on every rank, then per-rank dropout streams."""
+        c = self.c
+        torch.manual_seed(c["seed"])
+        if c["init_from"] in PRETRAINED_GPT2:
+            model = GPT.from_pretrained(c["init_from"], dict(dropout=c["dropout"], attention=c["attention"]))
+            if c["block_size"] < model.config.block_size:
+                model.crop_block_size(c["block_size"])
+            self.model_args = {k: getattr(model.config, k) for k in MODEL_ARG_KEYS}
+        else:
+            model = GPT(GPTConfig(**self.model_args))
+        if checkpoint is not None:
+            model.load_state_dict(strip_compiled_prefix(checkpoint["model"]))
+        self.raw_model = model.to(self.device)
+        torch.manual_seed(c["seed"] + self.rank)
+        if c["compile"]:
+            self.say("compiling the model with torch.compile...")
+            model = torch.compile(model)
+        if self.ddp:
+            model = DDP(model, device_ids=[int(self.device.split(":")[1])] if self.device_type == "cuda" else None)
+        self.model = model
+        self.eval_model = model.module if self.ddp else model  # no DDP hooks when evaluating
 
-    eval_model = model.module if ddp else model  # no DDP hooks when evaluating
+    def build_optimizer(self, checkpoint):
+        c = self.c
+        self.autocast = autocast_context(self.device, self.dtype)
+        self.peak = peak_flops(c["peak_flops"], self.device)  # None: no MFU (CPU, or a GPU without a known peak)
+        if self.peak is None and self.device_type == "cuda":
+            self.say(f"note: no MFU: {torch.cuda.get_device_name(self.device)} is not in runtime.PEAK_BF16_FLOPS; "
+                     f"set peak_flops")
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=(self.dtype == "float16"))
+        self.optimizer = self.raw_model.configure_optimizers(
+            c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), self.device_type)
+        if checkpoint is not None:
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            if "scaler" in checkpoint and self.scaler.is_enabled():
+                self.scaler.load_state_dict(checkpoint["scaler"])
 
-    # --- data and RNG
-    train_batches = Batches(data_dir / "train.bin", c["block_size"], c["batch_size"], device)
-    val_batches = Batches(data_dir / "val.bin", c["block_size"], c["batch_size"], device)
-    generator = torch.Generator().manual_seed(c["seed"])
-    iter_num, best_val_loss = 0, 1e9
-    if checkpoint is not None:
-        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
-        rng = checkpoint["rng"]
-        generator.set_state(rng["batches"])
+    def restore(self, checkpoint):
+        self.iter_num, self.best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+        rng, rank = checkpoint["rng"], self.rank
+        self.generator.set_state(rng["batches"])
         torch.set_rng_state(rng["torch"][rank] if rank < len(rng["torch"]) else rng["torch"][0])
-        if device_type == "cuda" and rng.get("cuda"):
+        if self.device_type == "cuda" and rng.get("cuda"):
             states = rng["cuda"]
-            torch.cuda.set_rng_state(states[rank] if rank < len(states) else states[0], device)
-        say(f"resuming from {out_dir / CHECKPOINT_NAME} at iteration {iter_num} (best val loss {best_val_loss:.4f})")
-    start_iter = iter_num
+            torch.cuda.set_rng_state(states[rank] if rank < len(states) else states[0], self.device)
+        self.say(f"resuming from {self.out_dir / CHECKPOINT_NAME} at iteration {self.iter_num} "
+                 f"(best val loss {self.best_val_loss:.4f})")
 
-    # On CPU, small evaluation batches waste time in small matmuls: evaluate up to ~16K tokens per
-    # forward pass instead (the same sequences, so the same mean loss up to float rounding). On GPU,
-    # and with compile (fixed shapes), one batch per forward pass as in training.
-    eval_group = 1
-    if device_type == "cpu" and not c["compile"]:
-        eval_group = max(1, 16384 // (c["batch_size"] * c["block_size"]))
+    def open_logs(self):
+        """log.jsonl and wandb on rank 0, and the HellaSwag examples if asked for."""
+        c = self.c
+        self.wandb_run = None
+        if c["wandb_log"] and self.master:
+            import wandb
 
-    @torch.inference_mode()
-    def estimate_loss():
-        """Mean loss over eval_iters batches per split. The batches are the same at every evaluation
-        (their own generator, seeded fresh), so successive estimates are comparable and evaluation
-        never disturbs the training RNG. Under DDP the batches are shared out between the ranks."""
-        out = {}
-        model.eval()
-        for split, batches in (("train", train_batches), ("val", val_batches)):
-            g = torch.Generator().manual_seed(c["seed"] + 1)
-            ix = batches.offsets(c["eval_iters"], g)[rank::world_size]  # this rank's share
-            total = torch.zeros(2, dtype=torch.float64, device=device)
-            for k in range(0, len(ix), eval_group):
-                group = ix[k:k + eval_group]
-                x, y = batches.get(group.reshape(-1))
-                with autocast:
-                    _, loss = eval_model(x, y)
-                total[0] += loss.double() * len(group)  # a mean over len(group) equal batches
-                total[1] += len(group)
-            if ddp:
-                dist.all_reduce(total)
-            out[split] = (total[0] / total[1]).item()
-        model.train()
-        return out
+            self.wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
+                                        resume="allow" if c["init_from"] == "resume" else None)
+        self.log = _Log(self.out_dir, append=c["init_from"] == "resume", enabled=self.master, wandb_run=self.wandb_run)
+        self.hellaswag = None
+        if c["hellaswag_interval"] and self.master:
+            self.hellaswag = load_hellaswag(c, self.meta, self.say)
 
-    def rng_state():
-        state = {"batches": generator.get_state(), "torch": [torch.get_rng_state()]}
-        if device_type == "cuda":
-            state["cuda"] = [torch.cuda.get_rng_state(device)]
-        if ddp:  # every rank's dropout stream, so that a DDP resume is exact too
-            gathered = [None] * world_size
-            dist.all_gather_object(gathered, {k: v for k, v in state.items() if k != "batches"})
-            state["torch"] = [g["torch"][0] for g in gathered]
-            if device_type == "cuda":
-                state["cuda"] = [g["cuda"][0] for g in gathered]
-        return state
+    def elapsed(self):
+        return time.time() - self.wall_start
 
-    def save(reason):
-        rng = rng_state()  # a collective under DDP: every rank calls save()
-        if not master:
-            return
-        ckpt = {
-            "model_args": model_args,
-            "model": raw_model.state_dict(),  # the uncompiled module: no "_orig_mod." prefix
-            "optimizer": optimizer.state_dict(),
-            "iter_num": iter_num,
-            "best_val_loss": best_val_loss,
-            "config": dict(c),
-            "rng": rng,
-            "meta": meta,
-        }
-        if scaler.is_enabled():
-            ckpt["scaler"] = scaler.state_dict()
-        t = time.time()
-        save_checkpoint(ckpt, out_dir / CHECKPOINT_NAME)
-        say(f"saved checkpoint to {out_dir / CHECKPOINT_NAME} at iteration {iter_num} ({reason}, {time.time() - t:.2f}s)")
 
-    # --- optional loggers and HellaSwag
-    wandb_run = None
-    if c["wandb_log"] and master:
-        import wandb
+def load_hellaswag(c, meta, say):
+    """(eval_hellaswag module, examples, tokenizer), or None, saying why, when HellaSwag cannot run."""
+    try:
+        import eval_hellaswag
+        from tokenizer import tokenizer_from_meta
 
-        wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
-                               resume="allow" if c["init_from"] == "resume" else None)
-    log = _Log(out_dir, append=c["init_from"] == "resume", enabled=master, wandb_run=wandb_run)
-    hellaswag = None
-    if c["hellaswag_interval"] and master:
-        try:
-            import eval_hellaswag
-            from tokenizer import tokenizer_from_meta
+        examples = eval_hellaswag.load_examples(c["hellaswag_file"], c["hellaswag_limit"] or None)
+        return eval_hellaswag, examples, tokenizer_from_meta(meta)
+    except Exception as e:  # a missing module, file or tokenizer: training goes on without HellaSwag
+        say(f"warning: HellaSwag evaluation is off, and training goes on without it: {type(e).__name__}: {e}")
+        return None
 
-            examples = eval_hellaswag.load_examples(c["hellaswag_file"], c["hellaswag_limit"] or None)
-            hellaswag = (eval_hellaswag, examples, tokenizer_from_meta(meta))
-        except Exception as e:  # missing module, file or tokenizer: train on without it
-            say(f"warning: HellaSwag evaluation is off: {type(e).__name__}: {e}")
 
-    def run_hellaswag():
-        module, examples, tok = hellaswag
-        raw_model.eval()
-        try:
-            with autocast:
-                result = module.evaluate(raw_model, examples, tok, device, c["hellaswag_batch_size"])
-        finally:
-            raw_model.train()
-        record = {"type": "hellaswag", "iter": iter_num, **{k: v for k, v in result.items()},
-                  "elapsed_s": time.time() - wall_start}
-        log.write(record)
-        say(f"iter {iter_num}: hellaswag " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                                       for k, v in result.items()))
+@torch.inference_mode()
+def estimate_loss(run):
+    """Mean loss over eval_iters batches per split. The batches are the same at every evaluation
+    (their own generator, seeded fresh), so successive estimates are comparable and evaluation
+    never disturbs the training RNG. Under DDP the batches are shared out between the ranks."""
+    out = {}
+    run.model.eval()
+    for split, batches in (("train", run.train_batches), ("val", run.val_batches)):
+        g = torch.Generator().manual_seed(run.c["seed"] + 1)
+        ix = batches.offsets(run.c["eval_iters"], g)[run.rank::run.world_size]  # this rank's share
+        total = torch.zeros(2, dtype=torch.float64, device=run.device)
+        for k in range(0, len(ix), run.eval_group):
+            group = ix[k:k + run.eval_group]
+            x, y = batches.get(group.reshape(-1))
+            with run.autocast:
+                _, loss = run.eval_model(x, y)
+            total[0] += loss.double() * len(group)  # a mean over len(group) equal batches
+            total[1] += len(group)
+        if run.ddp:
+            dist.all_reduce(total)
+        out[split] = (total[0] / total[1]).item()
+    run.model.train()
+    return out
 
-    last_losses = {"train": None, "val": None}
 
-    def evaluate():
-        nonlocal best_val_loss
-        losses = estimate_loss()
-        last_losses.update(losses)
-        say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-        log.write({"type": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
-                   "elapsed_s": time.time() - wall_start})
-        improved = losses["val"] < best_val_loss
-        if improved:
-            best_val_loss = losses["val"]
-        if iter_num > start_iter and (improved or c["always_save_checkpoint"]):
-            save("evaluation")
+def rng_state(run):
+    state = {"batches": run.generator.get_state(), "torch": [torch.get_rng_state()]}
+    if run.device_type == "cuda":
+        state["cuda"] = [torch.cuda.get_rng_state(run.device)]
+    if run.ddp:  # every rank's dropout stream, so that a DDP resume is exact too
+        gathered = [None] * run.world_size
+        dist.all_gather_object(gathered, {k: v for k, v in state.items() if k != "batches"})
+        state["torch"] = [g["torch"][0] for g in gathered]
+        if run.device_type == "cuda":
+            state["cuda"] = [g["cuda"][0] for g in gathered]
+    return state
 
-    # --- the loop
-    step_times, stop_reason, n_steps = [], "max_iters", 0
-    model.train()
+
+def save(run, reason):
+    rng = rng_state(run)  # a collective under DDP: every rank calls save()
+    if not run.master:
+        return
+    ckpt = {
+        "model_args": run.model_args,
+        "model": run.raw_model.state_dict(),  # the uncompiled module: no "_orig_mod." prefix
+        "optimizer": run.optimizer.state_dict(),
+        "iter_num": run.iter_num,
+        "best_val_loss": run.best_val_loss,
+        "config": dict(run.c),
+        "rng": rng,
+        "meta": run.meta,
+    }
+    if run.scaler.is_enabled():
+        ckpt["scaler"] = run.scaler.state_dict()
+    t = time.time()
+    save_checkpoint(ckpt, run.out_dir / CHECKPOINT_NAME)
+    run.say(f"saved checkpoint to {run.out_dir / CHECKPOINT_NAME} at iteration {run.iter_num} "
+            f"({reason}, {time.time() - t:.2f}s)")
+
+
+def run_hellaswag(run):
+    module, examples, tok = run.hellaswag
+    run.raw_model.eval()
+    try:
+        with run.autocast:
+            result = module.evaluate(run.raw_model, examples, tok, run.device, run.c["hellaswag_batch_size"])
+    finally:
+        run.raw_model.train()
+    run.log.write({"type": "hellaswag", "iter": run.iter_num, **result, "elapsed_s": run.elapsed()})
+    run.say(f"iter {run.iter_num}: hellaswag " + ", ".join(
+        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
+
+
+def evaluate(run):
+    """Estimate the losses, log them, and save a checkpoint (always, or when val loss improved)."""
+    losses = estimate_loss(run)
+    run.last_losses.update(losses)
+    run.say(f"step {run.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    run.log.write({"type": "eval", "iter": run.iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
+                   "elapsed_s": run.elapsed()})
+    improved = losses["val"] < run.best_val_loss
+    if improved:
+        run.best_val_loss = losses["val"]
+    if run.iter_num > run.start_iter and (improved or run.c["always_save_checkpoint"]):
+        save(run, "evaluation")
+
+
+def train_step(run, signals):
+    """One optimizer step over this rank's micro-batches; returns (mean loss over all ranks, lr,
+    whether any rank was signalled to stop)."""
+    c, accum = run.c, run.accum
+    lr = get_lr(run.iter_num, c)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    ix = run.train_batches.offsets(c["gradient_accumulation_steps"], run.generator)[run.rank * accum:(run.rank + 1) * accum]
+    loss_sum = torch.zeros((), dtype=torch.float32, device=run.device)
+    for micro in range(accum):
+        x, y = run.train_batches.get(ix[micro])
+        # under DDP, synchronise gradients only on the last micro-step
+        sync = nullcontext() if (not run.ddp or micro == accum - 1) else run.model.no_sync()
+        with sync:
+            with run.autocast:
+                _, loss = run.model(x, y)
+            loss_sum += loss.detach().float()
+            run.scaler.scale(loss / accum).backward()
+    # one small collective per step: the mean loss over all ranks, and whether any rank was signalled
+    flags = torch.stack([loss_sum / accum, torch.tensor(float(signals.received is not None), device=run.device)])
+    if run.ddp:
+        dist.all_reduce(flags)
+        flags[0] /= run.world_size
+    loss_value, stop_flag = flags.tolist()
+    if not math.isfinite(loss_value):
+        raise NonFiniteLossError(
+            f"the training loss became {loss_value} at iteration {run.iter_num}; stopping. "
+            f"The last good checkpoint in {run.out_dir} is kept as it was: lower learning_rate, "
+            f"raise warmup_iters or use grad_clip, then resume or restart"
+        )
+    if c["grad_clip"]:
+        run.scaler.unscale_(run.optimizer)
+        torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), c["grad_clip"])
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.iter_num += 1
+    run.n_steps += 1
+    return loss_value, lr, bool(stop_flag)
+
+
+def log_step(run, loss_value, lr, dt):
+    mfu = None if run.peak is None else run.raw_model.estimate_mfu(run.c["batch_size"] * run.accum, dt, run.peak)
+    tokens_per_s = run.tokens_per_iter / dt
+    run.say(f"iter {run.iter_num}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.2f} ms/iter, "
+            f"{tokens_per_s:,.0f} tokens/s" + ("" if mfu is None else f", mfu {mfu * 100:.2f}%"))
+    run.log.write({"type": "train", "iter": run.iter_num, "loss": loss_value, "lr": lr, "ms_per_iter": dt * 1000,
+                   "tokens_per_s": tokens_per_s, "mfu": mfu, "elapsed_s": run.elapsed()})
+
+
+def training_loop(run):
+    """Evaluate every eval_interval iterations and at the end, step, log; stop at max_iters or on a
+    signal (after saving). Returns the summary."""
+    c = run.c
+    run.model.train()
     try:
         with _StopSignals() as signals:
             if c["eval_only"]:
-                evaluate()
-                stop_reason = "eval_only"
+                evaluate(run)
+                run.stop_reason = "eval_only"
             while not c["eval_only"]:
-                # evaluate every eval_interval iterations and at the end; a resumed run does not
-                # repeat the evaluation its checkpoint was written after
-                resumed_here = iter_num == start_iter and start_iter > 0
-                if (iter_num % c["eval_interval"] == 0 or iter_num >= c["max_iters"]) and not resumed_here:
-                    evaluate()
-                if hellaswag and iter_num % c["hellaswag_interval"] == 0 and iter_num > 0 and not resumed_here:
-                    run_hellaswag()
-                if iter_num >= c["max_iters"]:
+                # a resumed run does not repeat the evaluation its checkpoint was written after
+                resumed_here = run.iter_num == run.start_iter and run.start_iter > 0
+                if (run.iter_num % c["eval_interval"] == 0 or run.iter_num >= c["max_iters"]) and not resumed_here:
+                    evaluate(run)
+                if (run.hellaswag and run.iter_num % c["hellaswag_interval"] == 0 and run.iter_num > 0
+                        and not resumed_here):
+                    run_hellaswag(run)
+                if run.iter_num >= c["max_iters"]:
                     break
-
                 t0 = time.time()
-                lr = get_lr(iter_num, c)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                ix = train_batches.offsets(c["gradient_accumulation_steps"], generator)[rank * accum:(rank + 1) * accum]
-                loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-                for micro in range(accum):
-                    x, y = train_batches.get(ix[micro])
-                    # under DDP, synchronise gradients only on the last micro-step
-                    sync = nullcontext() if (not ddp or micro == accum - 1) else model.no_sync()
-                    with sync:
-                        with autocast:
-                            _, loss = model(x, y)
-                        loss_sum += loss.detach().float()
-                        scaler.scale(loss / accum).backward()
-                # one small collective per step: the mean loss over all ranks, and whether any rank was signalled
-                flags = torch.stack([loss_sum / accum, torch.tensor(float(signals.received is not None), device=device)])
-                if ddp:
-                    dist.all_reduce(flags)
-                    flags[0] /= world_size
-                loss_value, stop_flag = flags.tolist()
-                if not math.isfinite(loss_value):
-                    raise NonFiniteLossError(
-                        f"the training loss became {loss_value} at iteration {iter_num}; stopping. "
-                        f"The last good checkpoint in {out_dir} is kept as it was: lower learning_rate, "
-                        f"raise warmup_iters or use grad_clip, then resume or restart"
-                    )
-                if c["grad_clip"]:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c["grad_clip"])
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                iter_num += 1
-                n_steps += 1
+                loss_value, lr, stop = train_step(run, signals)
                 dt = time.time() - t0
-                step_times.append(dt)
-
-                if iter_num % c["log_interval"] == 0 or iter_num == c["max_iters"]:
-                    mfu = None if peak is None else raw_model.estimate_mfu(c["batch_size"] * accum, dt, peak)
-                    tokens_per_s = tokens_per_iter / dt
-                    say(f"iter {iter_num}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.2f} ms/iter, "
-                        f"{tokens_per_s:,.0f} tokens/s" + ("" if mfu is None else f", mfu {mfu * 100:.2f}%"))
-                    log.write({"type": "train", "iter": iter_num, "loss": loss_value, "lr": lr,
-                               "ms_per_iter": dt * 1000, "tokens_per_s": tokens_per_s, "mfu": mfu,
-                               "elapsed_s": time.time() - wall_start})
-                if stop_flag:
-                    stop_reason = signals.received or "signal on another rank"
-                    say(f"received {stop_reason}: saving a checkpoint at iteration {iter_num} and stopping")
-                    save(stop_reason)
+                run.step_times.append(dt)
+                if run.iter_num % c["log_interval"] == 0 or run.iter_num == c["max_iters"]:
+                    log_step(run, loss_value, lr, dt)
+                if stop:
+                    run.stop_reason = signals.received or "signal on another rank"
+                    run.say(f"received {run.stop_reason}: saving a checkpoint at iteration {run.iter_num} and stopping")
+                    save(run, run.stop_reason)
                     break
     finally:
-        log.close()
+        run.log.close()
+    return write_summary(run)
 
-    # --- the summary
-    timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays for warm-up / compile
+
+def write_summary(run):
+    timed = run.step_times[1:] if len(run.step_times) > 1 else run.step_times  # the first pays for warm-up / compile
     mean_dt = sum(timed) / len(timed) if timed else None
-    raw_model.eval()
+    model = run.raw_model.eval()
     summary = {
-        "attention": model_args["attention"],
-        "model_args": model_args,
-        "n_params": raw_model.get_num_params(non_embedding=False),
-        "n_params_non_embedding": raw_model.get_num_params(non_embedding=True),
-        "attention_params": raw_model.get_num_attention_params(),
-        "flops_per_token": raw_model.flops_per_token(),
-        "final_train_loss": last_losses["train"],
-        "final_val_loss": last_losses["val"],
-        "best_val_loss": best_val_loss if best_val_loss < 1e9 else None,
-        "iterations": iter_num,
-        "iterations_this_run": n_steps,
-        "stop_reason": stop_reason,
+        "attention": run.model_args["attention"],
+        "model_args": run.model_args,
+        "n_params": model.get_num_params(non_embedding=False),
+        "n_params_non_embedding": model.get_num_params(non_embedding=True),
+        "attention_params": model.get_num_attention_params(),
+        "flops_per_token": model.flops_per_token(),
+        "final_train_loss": run.last_losses["train"],
+        "final_val_loss": run.last_losses["val"],
+        "best_val_loss": run.best_val_loss if run.best_val_loss < 1e9 else None,
+        "iterations": run.iter_num,
+        "iterations_this_run": run.n_steps,
+        "stop_reason": run.stop_reason,
         "mean_ms_per_iter": mean_dt * 1000 if mean_dt else None,
-        "tokens_per_s": tokens_per_iter / mean_dt if mean_dt else None,
-        "tokens_per_iter": tokens_per_iter,
-        "peak_memory_bytes": peak_memory_bytes(device),
-        "wall_time_s": time.time() - wall_start,
-        "device": device,
-        "dtype": dtype,
-        "world_size": world_size,
-        "compile": c["compile"],
+        "tokens_per_s": run.tokens_per_iter / mean_dt if mean_dt else None,
+        "tokens_per_iter": run.tokens_per_iter,
+        "peak_memory_bytes": peak_memory_bytes(run.device),
+        "wall_time_s": run.elapsed(),
+        "device": run.device,
+        "dtype": run.dtype,
+        "world_size": run.world_size,
+        "compile": run.c["compile"],
         "num_threads": torch.get_num_threads(),
-        "out_dir": str(out_dir),
-        "dataset": str(data_dir),
+        "out_dir": str(run.out_dir),
+        "dataset": str(run.data_dir),
     }
-    if master:
-        tmp = out_dir / "summary.json.tmp"
+    if run.master:
+        tmp = run.out_dir / (SUMMARY_NAME + ".tmp")
         tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, out_dir / "summary.json")
-        say(f"done: {n_steps} iterations in {summary['wall_time_s']:.1f}s, final val loss "
-            f"{summary['final_val_loss'] if summary['final_val_loss'] is None else round(summary['final_val_loss'], 4)}")
-    if wandb_run is not None:
-        wandb_run.finish()
+        os.replace(tmp, run.out_dir / SUMMARY_NAME)
+        final = summary["final_val_loss"]
+        run.say(f"done: {run.n_steps} iterations in {summary['wall_time_s']:.1f}s, final val loss "
+                f"{final if final is None else round(final, 4)}")
+    if run.wandb_run is not None:
+        run.wandb_run.finish()
     return summary
 
 
