@@ -10,7 +10,10 @@ A checkpoint is a dict of plain data and tensors:
 """
 
 import os
+import pickle
+import sys
 import tempfile
+import zipfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -29,6 +32,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unreadable, or does not fit what was asked of it."""
 
 
+class NonFiniteCheckpointError(CheckpointError):
+    """A checkpoint about to be written holds NaN or inf: it is refused, so the last good one stays."""
+
+
 def checkpoint_path(path):
     """Accept a checkpoint file or the folder (out_dir) that holds ckpt.pt."""
     path = Path(path)
@@ -39,13 +46,38 @@ def strip_compiled_prefix(state_dict):
     return {k.removeprefix(COMPILED_PREFIX): v for k, v in state_dict.items()}
 
 
+def first_non_finite(checkpoint):
+    """The name of the first tensor of the model or optimizer state holding NaN or inf, else None."""
+    named = list(checkpoint.get("model", {}).items())
+    for index, state in (checkpoint.get("optimizer") or {}).get("state", {}).items():
+        named += [(f"optimizer state {index} {key}", value) for key, value in state.items()]
+    for name, value in named:
+        if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+            return name
+    return None
+
+
+def _umask():
+    # os.umask can only be read by setting it; set it straight back
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_checkpoint(checkpoint, path):
     """Write to a temporary file in the same folder, flush it to disk, then rename over `path`:
-    a crash at any moment leaves either the old checkpoint or the new one, never a torn file."""
+    a crash at any moment leaves either the old checkpoint or the new one, never a torn file.
+    A checkpoint whose weights or optimizer state hold NaN or inf is never written
+    (NonFiniteCheckpointError): resuming from it could only fail again."""
     path = Path(path)
+    bad = first_non_finite(checkpoint)
+    if bad is not None:
+        raise NonFiniteCheckpointError(f"refusing to write {path}: {bad} holds NaN or inf values")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates the file 0600; give it the mode any other output of the run gets
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             torch.save(checkpoint, f)
             f.flush()
@@ -62,10 +94,7 @@ def load_checkpoint(path, map_location="cpu"):
         raise CheckpointError(
             f"no checkpoint at {path}: pass the out_dir of a training run (it holds {CHECKPOINT_NAME}) or the file itself"
         )
-    try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+    checkpoint = _read(path, map_location)
     missing = {"model_args", "model"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model_args", "model"}
     if missing:
         raise CheckpointError(f"{path} is not a checkpoint of this repo: it lacks {sorted(missing)}")
@@ -75,6 +104,43 @@ def load_checkpoint(path, map_location="cpu"):
     for field in fields(GPTConfig):  # options added later default to what the model was before them
         checkpoint["model_args"].setdefault(field.name, field.default)
     return checkpoint
+
+
+def _read(path, map_location):
+    """torch.load(weights_only=True), with messages that say what the file is instead of torch's
+    (whose advice to pass weights_only=False would run any code a pickle holds)."""
+    not_ours = f"{path} is not a checkpoint of this repo"
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{not_ours}: it is not a torch.save archive (a truncated copy, or another kind of file)")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{not_ours}: it holds Python objects besides tensors and plain data, and loading "
+                              f"those could run arbitrary code") from None
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+
+
+def load_weights(model, state_dict, where):
+    """Load a checkpoint's state dict into `model`, or raise CheckpointError saying which keys
+    or shapes do not fit (torch's message lists every key over many lines)."""
+    if not (isinstance(state_dict, dict) and all(isinstance(k, str) for k in state_dict)):
+        raise CheckpointError(f"{where} is not a checkpoint of this repo: its 'model' entry is not a state dict")
+    state_dict = strip_compiled_prefix(state_dict)
+    expected = model.state_dict()
+    problems = []
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    shapes = [f"{k} {tuple(state_dict[k].shape)} instead of {tuple(v.shape)}" for k, v in expected.items()
+              if torch.is_tensor(state_dict.get(k)) and state_dict[k].shape != v.shape]
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", shapes)):
+        if items:
+            more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+            problems.append(f"{label}: {', '.join(items[:3])}{more}")
+    if problems:
+        raise CheckpointError(f"the weights in {where} do not fit the model its model_args describe "
+                              f"({'; '.join(problems)}): it was not written by this version of train.py")
+    model.load_state_dict(state_dict)
 
 
 def model_from_checkpoint(checkpoint, device="cpu"):

@@ -1,0 +1,96 @@
+"""checkpoint.py: what may be written (finite tensors only, with the umask's permissions) and what
+a file that is not one of our checkpoints is called when it is read."""
+import os
+import stat
+
+import pytest
+import torch
+
+from checkpoint import (CheckpointError, NonFiniteCheckpointError, first_non_finite, load_checkpoint, load_weights,
+                        save_checkpoint)
+from model import GPT, GPTConfig
+
+
+def small_checkpoint(value=1.0):
+    return {"model_args": {}, "model": {"w": torch.full((3,), value)}, "iter_num": 1}
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test, then restore it."""
+    previous = os.umask(0o022)
+    yield os.umask
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)])
+def test_checkpoint_permissions_follow_the_umask(tmp_path, umask, mask, mode):
+    umask(mask)
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(small_checkpoint(), path)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    other = tmp_path / "other.txt"  # what any other output of a run gets
+    other.write_text("x")
+    assert stat.S_IMODE(other.stat().st_mode) == mode
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path, bad):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(small_checkpoint(), path)
+    before = path.read_bytes()
+    with pytest.raises(NonFiniteCheckpointError, match="w holds NaN or inf"):
+        save_checkpoint(small_checkpoint(bad), path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temporary file left either
+
+
+def test_non_finite_optimizer_state_is_found():
+    ckpt = small_checkpoint()
+    ckpt["optimizer"] = {"state": {0: {"step": torch.tensor(3.0), "exp_avg_sq": torch.tensor([1.0, float("inf")])}},
+                         "param_groups": []}
+    assert first_non_finite(ckpt) == "optimizer state 0 exp_avg_sq"
+    assert first_non_finite(small_checkpoint()) is None
+
+
+def test_random_bytes_are_not_a_checkpoint_of_this_repo(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(os.urandom(4096))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(tmp_path)
+    assert "is not a checkpoint of this repo" in str(err.value)
+    assert "weights_only" not in str(err.value)
+
+
+def test_a_truncated_checkpoint_is_named_as_such(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(small_checkpoint(), path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="not a checkpoint of this repo.*truncated"):
+        load_checkpoint(path)
+
+
+class Payload:
+    """An arbitrary Python object: what a malicious or foreign pickle holds."""
+
+
+def test_a_pickled_object_is_refused_without_advising_weights_only_false(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model_args": {}, "model": {}, "extra": Payload()}, path)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert "is not a checkpoint of this repo" in str(err.value) and "Python objects" in str(err.value)
+    assert "weights_only" not in str(err.value)
+
+
+def test_weights_that_do_not_fit_say_which_keys():
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    state = model.state_dict()
+    del state["lm_head.weight"]
+    state["stray.weight"] = torch.zeros(2)
+    state["transformer.wte.weight"] = torch.zeros(5, 16)
+    with pytest.raises(CheckpointError) as err:
+        load_weights(model, state, "out/ckpt.pt")
+    message = str(err.value)
+    assert "missing: lm_head.weight" in message and "unexpected: stray.weight" in message
+    assert "transformer.wte.weight (5, 16) instead of (32, 16)" in message and "\n" not in message
