@@ -54,8 +54,6 @@ def measure_matmul_peak(device, dtype, n=2048, repeats=10):
 def load_nanogpt(nanogpt_dir):
     """NanoGPT's model module, imported from its checkout under another name than our model.py."""
     path = Path(nanogpt_dir) / "model.py"
-    if not path.is_file():
-        raise SystemExit(f"error: --nanogpt_dir={nanogpt_dir}: no model.py there (clone NanoGPT's repository)")
     spec = importlib.util.spec_from_file_location("nanogpt_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -174,6 +172,8 @@ def parse_args():
     args.shapes = args.shapes.split(",")
     if unknown := set(args.shapes) - set(SHAPES):
         parser.error(f"unknown shapes {sorted(unknown)}; choose among {', '.join(SHAPES)}")
+    if args.nanogpt_dir and not (Path(args.nanogpt_dir) / "model.py").is_file():
+        parser.error(f"--nanogpt_dir={args.nanogpt_dir}: no model.py there (clone NanoGPT's repository)")
     args.warmup = args.warmup if args.warmup is not None else (3 if args.compile else 1)
     return args
 
