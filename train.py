@@ -22,6 +22,7 @@ What the run writes to out_dir (rank 0 only):
 """
 
 import ast
+import gc
 import json
 import math
 import os
@@ -29,7 +30,6 @@ import resource
 import signal
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import fields
 from pathlib import Path
 
@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import (CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, CheckpointError, load_checkpoint, save_checkpoint,
-                        strip_compiled_prefix)
+from checkpoint import (CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, CheckpointError, first_non_finite, load_checkpoint,
+                        load_weights, save_checkpoint)
+import distributed
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from runtime import autocast_context, peak_flops, resolve_device, resolve_dtype
 from tokenizer import TOKEN_DTYPE
@@ -87,6 +87,8 @@ DEFAULT_CONFIG = dict(
     min_lr=6e-5,  # usually learning_rate / 10
     # system
     backend="auto",  # DDP backend: 'auto' is nccl on GPU, gloo on CPU
+    parallelism="ddp",  # under torchrun: 'ddp' (a full replica per rank) or 'fsdp' (FSDP2 shards, distributed.py)
+    activation_checkpointing=False,  # recompute each block's activations in backward: less memory, ~1/3 more compute
     device="auto",  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
     dtype="auto",  # 'auto' (bfloat16 if supported, else float16 on GPU; float32 on CPU), 'float32', 'bfloat16', 'float16'
     compile=True,  # torch.compile the model (needs a C/C++ compiler on CPU)
@@ -110,7 +112,7 @@ class DataError(ValueError):
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or inf; the last good checkpoint is left as it was."""
+    """The loss or the weights became NaN or inf; the last good checkpoint is left as it was."""
 
 
 # -----------------------------------------------------------------------------
@@ -226,6 +228,13 @@ def resolve_config(config):
         raise bad("dtype", "choose 'auto', 'float32', 'bfloat16' or 'float16'")
     if c["backend"] not in ("auto", "nccl", "gloo"):
         raise bad("backend", "choose 'auto', 'nccl' or 'gloo'")
+    if c["parallelism"] not in distributed.PARALLELISMS:
+        raise bad("parallelism", f"choose {' or '.join(map(repr, distributed.PARALLELISMS))}")
+    if c["parallelism"] == "fsdp" and c["dtype"] == "float16":
+        raise bad("dtype", "FSDP trains in float32 or bfloat16 (no fp16 loss scaling of sharded gradients)")
+    if c["parallelism"] == "fsdp" and c["hellaswag_interval"]:  # it runs on rank 0 alone, FSDP needs every rank
+        raise bad("hellaswag_interval", "HellaSwag during FSDP training is not supported: set it to 0 and run "
+                  "eval_hellaswag.py on the consolidated ckpt.pt")
     if c["decay_lr"] and c["lr_decay_iters"] <= c["warmup_iters"]:
         raise bad("lr_decay_iters", f"must exceed warmup_iters={c['warmup_iters']} when decay_lr is on")
     if c["hellaswag_interval"] and not c["hellaswag_file"]:
@@ -393,6 +402,28 @@ class _Log:
             self.file.close()
 
 
+def trim_log(path, last_iter):
+    """Drop from log.jsonl the records past `last_iter` (what a stopped or killed run logged after
+    the checkpoint that is resumed from) and lines torn by a kill; return how many were dropped."""
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            keep = json.loads(line)["iter"] <= last_iter
+        except (ValueError, KeyError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped
+
+
 # -----------------------------------------------------------------------------
 # the training run: set-up (checked before anything trains), then one Run object that the pieces
 # below (estimate_loss, save, evaluate, train_step, the loop, the summary) read and advance
@@ -424,9 +455,23 @@ def choose_vocab_size(c, meta, max_token, data_dir):
     return vocab_size
 
 
-def load_resume_checkpoint(out_dir, model_args):
-    """The checkpoint to resume from, after checking that it trains the model requested."""
-    checkpoint = load_checkpoint(out_dir, map_location="cpu")
+def check_fsdp(run):
+    """What FSDP needs beyond resolve_config's checks, once the world size and the dtype are known."""
+    if run.dtype == "float16":
+        raise ConfigError(f"dtype={run.c['dtype']!r} resolves to float16 on {run.device}, which FSDP does not "
+                          f"train in: set dtype='bfloat16' or 'float32'")
+    if run.c["eval_iters"] % run.world_size:  # every rank must run as many sharded forward passes
+        raise ConfigError(f"config key 'eval_iters'={run.c['eval_iters']} must be divisible by the number of "
+                          f"FSDP processes ({run.world_size})")
+
+
+def load_resume_checkpoint(out_dir, model_args, sharded=False):
+    """The checkpoint to resume from, after checking that it trains the model requested. sharded (an
+    FSDP run): the training state of out_dir/ckpt_sharded, whose shards build_optimizer loads."""
+    checkpoint = distributed.load_train_state(out_dir) if sharded else load_checkpoint(out_dir, map_location="cpu")
+    if not sharded and "sharded" in checkpoint:
+        raise CheckpointError(f"{out_dir / CHECKPOINT_NAME} is the export of an FSDP run, whose optimizer state is in "
+                              f"{out_dir / checkpoint['sharded']}: resume it with parallelism='fsdp' under torchrun")
     saved = checkpoint["model_args"]
     mismatched = {k: (saved.get(k), v) for k, v in model_args.items() if saved.get(k) != v}
     if mismatched:
@@ -435,7 +480,7 @@ def load_resume_checkpoint(out_dir, model_args):
             f"cannot resume from {out_dir / CHECKPOINT_NAME}: its model args differ from the requested ones "
             f"({details}). Use the config the checkpoint was trained with, or another out_dir"
         )
-    for key in ("optimizer", "iter_num", "rng"):
+    for key in ("iter_num", "rng") if sharded else ("optimizer", "iter_num", "rng"):
         if key not in checkpoint:
             raise CheckpointError(f"cannot resume from {out_dir / CHECKPOINT_NAME}: it has no {key!r} (not a training checkpoint)")
     return checkpoint
@@ -462,24 +507,46 @@ def train(config, verbose=True):
     # everything that can be wrong is checked before any training starts
     meta, n_tokens, max_token = check_data(data_dir, c["block_size"])
     model_args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": choose_vocab_size(c, meta, max_token, data_dir)}
-    checkpoint = load_resume_checkpoint(out_dir, model_args) if c["init_from"] == "resume" else None
+    sharded = ddp and c["parallelism"] == "fsdp"
+    checkpoint = load_resume_checkpoint(out_dir, model_args, sharded) if c["init_from"] == "resume" else None
 
     run = Run(c=c, ddp=ddp, rank=rank, world_size=world_size, device=device, dtype=resolve_dtype(c["dtype"], device),
               out_dir=out_dir, data_dir=data_dir, meta=meta, model_args=model_args, verbose=verbose,
               wall_start=wall_start)
-    if ddp:
-        backend = c["backend"] if c["backend"] != "auto" else ("nccl" if run.device_type == "cuda" else "gloo")
-        dist.init_process_group(backend=backend)
-    try:
-        run.announce(n_tokens)
-        run.build(checkpoint)
-        summary = training_loop(run)
+    # from here on a SIGINT/SIGTERM stops the run after a step and a checkpoint, even one that
+    # arrives while the process group or the model is being set up, or while they are torn down
+    with _StopSignals() as signals:
         if ddp:
-            dist.barrier()  # no rank tears down its connections while another still uses them
-        return summary
-    finally:
-        if ddp:
-            dist.destroy_process_group()
+            init_distributed(c["backend"] if c["backend"] != "auto" else ("nccl" if run.device_type == "cuda" else "gloo"))
+        try:
+            run.announce(n_tokens)
+            run.build(checkpoint)
+            summary = training_loop(run, signals)
+            if ddp:
+                dist.barrier()  # no rank tears down its connections while another still uses them
+            return summary
+        finally:
+            if ddp:
+                teardown_distributed(run)
+
+
+def init_distributed(backend):
+    """Create the default process group, importing torch._dynamo first. DDP imports it anyway, and
+    with it torch.distributed.nn.functional, whose functions take `group=group.WORLD` as a default
+    argument: imported after the group exists, those defaults hold the group for the life of the
+    process, destroy_process_group cannot free it, and gloo's threads still run while the
+    interpreter shuts down ("terminate called without an active exception", now and then, at exit)."""
+    import torch._dynamo  # noqa: F401
+
+    dist.init_process_group(backend=backend)
+
+
+def teardown_distributed(run):
+    """Free the process group now, while the interpreter is whole: drop DDP (its reducer holds the
+    group), collect whatever cycle may still hold it, then destroy it, which joins gloo's threads."""
+    run.model = None
+    gc.collect()
+    dist.destroy_process_group()
 
 
 class Run:
@@ -497,6 +564,7 @@ class Run:
         self.accum = c["gradient_accumulation_steps"] // world_size  # micro-steps per rank per iteration
         self.tokens_per_iter = c["gradient_accumulation_steps"] * c["batch_size"] * c["block_size"]
         self.iter_num, self.start_iter, self.best_val_loss = 0, 0, 1e9
+        self.evaluated_at_start = False  # whether the checkpoint resumed from was written after its evaluation
         self.last_losses = {"train": None, "val": None}
         self.step_times, self.n_steps, self.stop_reason = [], 0, "max_iters"
 
@@ -542,6 +610,9 @@ class Run:
     def build_model(self, checkpoint):
         """The same initialisation on every rank, then per-rank dropout streams."""
         c = self.c
+        self.fsdp = self.ddp and c["parallelism"] == "fsdp"
+        if self.fsdp:
+            check_fsdp(self)
         torch.manual_seed(c["seed"])
         if c["init_from"] in PRETRAINED_GPT2:
             model = GPT.from_pretrained(c["init_from"], dict(dropout=c["dropout"], attention=c["attention"]))
@@ -550,17 +621,12 @@ class Run:
             self.model_args = {k: getattr(model.config, k) for k in MODEL_ARG_KEYS}
         else:
             model = GPT(GPTConfig(**self.model_args))
-        if checkpoint is not None:
-            model.load_state_dict(strip_compiled_prefix(checkpoint["model"]))
-        self.raw_model = model.to(self.device)
+        if checkpoint is not None and not self.fsdp:  # FSDP loads its shards in build_optimizer
+            load_weights(model, checkpoint["model"], self.out_dir / CHECKPOINT_NAME)
+        self.raw_model = model.to(self.device)  # under FSDP, sharded in place
         torch.manual_seed(c["seed"] + self.rank)
-        if c["compile"]:
-            self.say("compiling the model with torch.compile...")
-            model = torch.compile(model)
-        if self.ddp:
-            model = DDP(model, device_ids=[int(self.device.split(":")[1])] if self.device_type == "cuda" else None)
-        self.model = model
-        self.eval_model = model.module if self.ddp else model  # no DDP hooks when evaluating
+        # compile, then DDP or FSDP; evaluation runs without DDP's hooks
+        self.model, self.eval_model = distributed.wrap_model(model, c, self.ddp, self.device, self.dtype, self.say)
 
     def build_optimizer(self, checkpoint):
         c = self.c
@@ -572,13 +638,21 @@ class Run:
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=(self.dtype == "float16"))
         self.optimizer = self.raw_model.configure_optimizers(
             c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), self.device_type)
-        if checkpoint is not None:
-            self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if checkpoint is not None and self.fsdp:  # the model and optimizer shards, into the sharded model
+            distributed.load_sharded(self.raw_model, self.optimizer, checkpoint["sharded_dir"])
+        elif checkpoint is not None:
+            try:
+                self.optimizer.load_state_dict(checkpoint["optimizer"])
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                raise CheckpointError(f"the optimizer state in {self.out_dir / CHECKPOINT_NAME} does not fit the "
+                                      f"model ({type(e).__name__}: {e}): it was not written by this train.py") from None
             if "scaler" in checkpoint and self.scaler.is_enabled():
                 self.scaler.load_state_dict(checkpoint["scaler"])
 
     def restore(self, checkpoint):
         self.iter_num, self.best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+        # checkpoints from before the flag were taken as evaluated, as they were then
+        self.evaluated_at_start = checkpoint.get("evaluated", True)
         rng, rank = checkpoint["rng"], self.rank
         self.generator.set_state(rng["batches"])
         torch.set_rng_state(rng["torch"][rank] if rank < len(rng["torch"]) else rng["torch"][0])
@@ -597,7 +671,13 @@ class Run:
 
             self.wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
                                         resume="allow" if c["init_from"] == "resume" else None)
-        self.log = _Log(self.out_dir, append=c["init_from"] == "resume", enabled=self.master, wandb_run=self.wandb_run)
+        resuming = c["init_from"] == "resume"
+        if resuming and self.master:
+            dropped = trim_log(self.out_dir / LOG_NAME, self.start_iter)
+            if dropped:
+                self.say(f"dropped {dropped} record(s) past iteration {self.start_iter} from {LOG_NAME}: "
+                         f"steps after the checkpoint, which this run does again")
+        self.log = _Log(self.out_dir, append=resuming, enabled=self.master, wandb_run=self.wandb_run)
         self.hellaswag = None
         if c["hellaswag_interval"] and self.master:
             self.hellaswag = load_hellaswag(c, self.meta, self.say)
@@ -619,8 +699,8 @@ def load_hellaswag(c, meta, say):
         return None
 
 
-@torch.inference_mode()
-def estimate_loss(run):
+@torch.no_grad()  # not inference_mode: FSDP2 reuses the buffers it gathers parameters into, and
+def estimate_loss(run):  # inference tensors cannot be written outside inference mode
     """Mean loss over eval_iters batches per split. The batches are the same at every evaluation
     (their own generator, seeded fresh), so successive estimates are comparable and evaluation
     never disturbs the training RNG. Under DDP the batches are shared out between the ranks."""
@@ -657,15 +737,34 @@ def rng_state(run):
     return state
 
 
-def save(run, reason):
+def diverged(run, what):
+    """The error for a run whose loss or weights are no longer finite: nothing more is saved."""
+    path = run.out_dir / CHECKPOINT_NAME
+    kept = (f"the last good checkpoint {path} is kept as it was" if path.exists()
+            else f"no checkpoint was written to {run.out_dir}")
+    return NonFiniteLossError(f"{what} at iteration {run.iter_num}; stopping, and {kept}. Lower learning_rate, "
+                              f"raise warmup_iters or lower grad_clip, then resume or restart")
+
+
+def save(run, reason, evaluated):
+    """Write the checkpoint (rank 0). `evaluated`: whether the evaluation of this iteration is done,
+    so that a resume from it neither skips nor repeats that evaluation."""
+    state = {"model": run.raw_model.state_dict(),  # the uncompiled module: no "_orig_mod." prefix
+             "optimizer": run.optimizer.state_dict()}
+    bad = first_non_finite(state)  # on every rank, before the collective below, so that all stop together
+    if bad is not None:
+        raise diverged(run, f"{bad} holds NaN or inf values (not saving the {reason} checkpoint)")
     rng = rng_state(run)  # a collective under DDP: every rank calls save()
+    if run.fsdp:  # collectives: every rank writes its shards, then the whole model is gathered on rank 0
+        distributed.write_shards(run.raw_model, run.optimizer, run.out_dir)
+        state = {"model": distributed.full_model_state(run.raw_model), "sharded": distributed.SHARDED_NAME}
     if not run.master:
         return
     ckpt = {
         "model_args": run.model_args,
-        "model": run.raw_model.state_dict(),  # the uncompiled module: no "_orig_mod." prefix
-        "optimizer": run.optimizer.state_dict(),
+        **state,
         "iter_num": run.iter_num,
+        "evaluated": evaluated,
         "best_val_loss": run.best_val_loss,
         "config": dict(run.c),
         "rng": rng,
@@ -674,6 +773,8 @@ def save(run, reason):
     if run.scaler.is_enabled():
         ckpt["scaler"] = run.scaler.state_dict()
     t = time.time()
+    if run.fsdp:  # the shards become the resume point, with the training state beside them; ckpt.pt follows
+        distributed.commit_shards(run.out_dir, {k: v for k, v in ckpt.items() if k != "model"})
     save_checkpoint(ckpt, run.out_dir / CHECKPOINT_NAME)
     run.say(f"saved checkpoint to {run.out_dir / CHECKPOINT_NAME} at iteration {run.iter_num} "
             f"({reason}, {time.time() - t:.2f}s)")
@@ -695,6 +796,8 @@ def run_hellaswag(run):
 def evaluate(run):
     """Estimate the losses, log them, and save a checkpoint (always, or when val loss improved)."""
     losses = estimate_loss(run)
+    if not all(map(math.isfinite, losses.values())):
+        raise diverged(run, f"the evaluated losses became train {losses['train']}, val {losses['val']}")
     run.last_losses.update(losses)
     run.say(f"step {run.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
     run.log.write({"type": "eval", "iter": run.iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
@@ -703,7 +806,7 @@ def evaluate(run):
     if improved:
         run.best_val_loss = losses["val"]
     if run.iter_num > run.start_iter and (improved or run.c["always_save_checkpoint"]):
-        save(run, "evaluation")
+        save(run, "evaluation", evaluated=True)
 
 
 def train_step(run, signals):
@@ -717,9 +820,8 @@ def train_step(run, signals):
     loss_sum = torch.zeros((), dtype=torch.float32, device=run.device)
     for micro in range(accum):
         x, y = run.train_batches.get(ix[micro])
-        # under DDP, synchronise gradients only on the last micro-step
-        sync = nullcontext() if (not run.ddp or micro == accum - 1) else run.model.no_sync()
-        with sync:
+        # under DDP or FSDP, synchronise gradients only on the last micro-step
+        with distributed.gradient_sync(run.model, micro == accum - 1):
             with run.autocast:
                 _, loss = run.model(x, y)
             loss_sum += loss.detach().float()
@@ -731,11 +833,7 @@ def train_step(run, signals):
         flags[0] /= run.world_size
     loss_value, stop_flag = flags.tolist()
     if not math.isfinite(loss_value):
-        raise NonFiniteLossError(
-            f"the training loss became {loss_value} at iteration {run.iter_num}; stopping. "
-            f"The last good checkpoint in {run.out_dir} is kept as it was: lower learning_rate, "
-            f"raise warmup_iters or use grad_clip, then resume or restart"
-        )
+        raise diverged(run, f"the training loss became {loss_value}")
     if c["grad_clip"]:
         run.scaler.unscale_(run.optimizer)
         torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), c["grad_clip"])
@@ -756,37 +854,37 @@ def log_step(run, loss_value, lr, dt):
                    "tokens_per_s": tokens_per_s, "mfu": mfu, "elapsed_s": run.elapsed()})
 
 
-def training_loop(run):
+def training_loop(run, signals):
     """Evaluate every eval_interval iterations and at the end, step, log; stop at max_iters or on a
     signal (after saving). Returns the summary."""
     c = run.c
     run.model.train()
     try:
-        with _StopSignals() as signals:
-            if c["eval_only"]:
+        if c["eval_only"]:
+            evaluate(run)
+            run.stop_reason = "eval_only"
+        while not c["eval_only"]:
+            # a resume does not repeat the evaluation its checkpoint was written after; a signal's
+            # checkpoint comes before its iteration's evaluation, so that one still runs
+            resumed_here = run.iter_num == run.start_iter and run.evaluated_at_start
+            if (run.iter_num % c["eval_interval"] == 0 or run.iter_num >= c["max_iters"]) and not resumed_here:
                 evaluate(run)
-                run.stop_reason = "eval_only"
-            while not c["eval_only"]:
-                # a resumed run does not repeat the evaluation its checkpoint was written after
-                resumed_here = run.iter_num == run.start_iter and run.start_iter > 0
-                if (run.iter_num % c["eval_interval"] == 0 or run.iter_num >= c["max_iters"]) and not resumed_here:
-                    evaluate(run)
-                if (run.hellaswag and run.iter_num % c["hellaswag_interval"] == 0 and run.iter_num > 0
-                        and not resumed_here):
-                    run_hellaswag(run)
-                if run.iter_num >= c["max_iters"]:
-                    break
-                t0 = time.time()
-                loss_value, lr, stop = train_step(run, signals)
-                dt = time.time() - t0
-                run.step_times.append(dt)
-                if run.iter_num % c["log_interval"] == 0 or run.iter_num == c["max_iters"]:
-                    log_step(run, loss_value, lr, dt)
-                if stop:
-                    run.stop_reason = signals.received or "signal on another rank"
-                    run.say(f"received {run.stop_reason}: saving a checkpoint at iteration {run.iter_num} and stopping")
-                    save(run, run.stop_reason)
-                    break
+            if (run.hellaswag and run.iter_num % c["hellaswag_interval"] == 0 and run.iter_num > 0
+                    and not resumed_here):
+                run_hellaswag(run)
+            if run.iter_num >= c["max_iters"]:
+                break
+            t0 = time.time()
+            loss_value, lr, stop = train_step(run, signals)
+            dt = time.time() - t0
+            run.step_times.append(dt)
+            if run.iter_num % c["log_interval"] == 0 or run.iter_num == c["max_iters"]:
+                log_step(run, loss_value, lr, dt)
+            if stop:
+                run.stop_reason = signals.received or "signal on another rank"
+                run.say(f"received {run.stop_reason}: saving a checkpoint at iteration {run.iter_num} and stopping")
+                save(run, run.stop_reason, evaluated=False)  # the next iteration's evaluation is to come
+                break
     finally:
         run.log.close()
     return write_summary(run)

@@ -203,6 +203,19 @@ def test_resume_without_checkpoint(tmp_path, data_dir):
         T.train(tiny(tmp_path, data_dir, init_from="resume"))
 
 
+def test_resume_with_weights_that_do_not_fit_is_an_error_line(tmp_path, data_dir, capsys):
+    cfg = tiny(tmp_path, data_dir, max_iters=2)
+    T.train(cfg, verbose=False)
+    path = tmp_path / "out" / CHECKPOINT_NAME
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["model"]["lm_head.weight"]
+    save_checkpoint(ckpt, path)
+    assert T.main([f"--{k}={v!r}" for k, v in {**cfg, "init_from": "resume", "max_iters": 4}.items()]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert "missing: lm_head.weight" in err and str(path) in err
+
+
 # -----------------------------------------------------------------------------
 # a run and what it writes
 
@@ -395,6 +408,61 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data_dir, monke
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
+def test_divergence_never_overwrites_the_last_good_checkpoint(tmp_path, data_dir):
+    """The issue's reproduction: a learning rate of 1e9 makes the weights non-finite within a step,
+    and with an evaluation at every iteration the next one would have saved them."""
+    T.train(tiny(tmp_path, data_dir, max_iters=4, eval_interval=2), verbose=False)
+    path = tmp_path / "out" / CHECKPOINT_NAME
+    good = path.read_bytes()
+    with pytest.raises(T.NonFiniteLossError, match="is kept as it was"):
+        T.train(tiny(tmp_path, data_dir, init_from="resume", max_iters=40, eval_interval=1, learning_rate=1e9,
+                     lr_decay_iters=40), verbose=False)
+    assert path.read_bytes() == good
+
+
+def corrupt_weights_after_step(monkeypatch, step):
+    """Make the optimizer step number `step` (1-based) leave NaN in one weight: a divergence that
+    no loss has shown yet."""
+    real_step = torch.optim.AdamW.step
+    count = {"n": 0}
+
+    def step_then_corrupt(self, *args, **kwargs):
+        result = real_step(self, *args, **kwargs)
+        count["n"] += 1
+        if count["n"] == step:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].view(-1)[0] = float("nan")
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_then_corrupt)
+
+
+def test_nan_weights_before_an_evaluation_are_not_saved(tmp_path, data_dir, monkeypatch):
+    corrupt_weights_after_step(monkeypatch, 8)  # the step to iteration 8, an evaluation (and a save)
+    with pytest.raises(T.NonFiniteLossError, match="iteration 8"):
+        T.train(tiny(tmp_path, data_dir, max_iters=12, eval_interval=4, lr_decay_iters=12), verbose=False)
+    ckpt = load_checkpoint(tmp_path / "out")
+    assert ckpt["iter_num"] == 4 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_nan_weights_are_not_saved_on_a_signal_either(tmp_path, data_dir, monkeypatch):
+    corrupt_weights_after_step(monkeypatch, 6)
+    real_forward = GPT.forward
+    calls = {"train": 0}
+
+    def forward(self, idx, targets=None, **kwargs):
+        if self.training and targets is not None:
+            calls["train"] += 1
+            if calls["train"] == 6:  # iteration 5: the one whose step corrupts the weights
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real_forward(self, idx, targets, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    with pytest.raises(T.NonFiniteLossError, match="holds NaN or inf values .*SIGTERM"):
+        T.train(tiny(tmp_path, data_dir, max_iters=50, eval_interval=4, lr_decay_iters=50), verbose=False)
+    assert load_checkpoint(tmp_path / "out")["iter_num"] == 4
+
+
 def test_nan_loss_from_command_line_exits_with_message(tmp_path, data_dir, monkeypatch, capsys):
     monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None, **kw: (None, torch.tensor(float("inf"), requires_grad=True)))
     cfg = tiny(tmp_path, data_dir, max_iters=3, eval_interval=100)
@@ -439,6 +507,59 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_dir):
     last = [json.loads(line) for line in log.read_text().splitlines()][-1]
     assert ckpt["iter_num"] == last["iter"] >= 3
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["stop_reason"] == "SIGTERM"
+
+
+def send_signal_during_iteration(monkeypatch, iteration, sig=signal.SIGINT):
+    """Deliver `sig` during the forward pass of iteration `iteration` (0-based, one micro-step each)."""
+    real_forward = GPT.forward
+    calls = {"train": 0}
+
+    def forward(self, idx, targets=None, **kwargs):
+        if self.training and targets is not None:
+            calls["train"] += 1
+            if calls["train"] == iteration + 1:
+                os.kill(os.getpid(), sig)
+        return real_forward(self, idx, targets, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def log_records(out_dir, kind):
+    return [r["iter"] for r in map(json.loads, (out_dir / "log.jsonl").read_text().splitlines()) if r["type"] == kind]
+
+
+def test_resume_from_a_signal_on_an_evaluation_boundary_still_evaluates(tmp_path, data_dir, monkeypatch):
+    send_signal_during_iteration(monkeypatch, 3)  # stops with iter_num 4, before iteration 4's evaluation
+    summary = T.train(tiny(tmp_path, data_dir, max_iters=8, eval_interval=4), verbose=False)
+    assert summary["stop_reason"] == "SIGINT" and summary["iterations"] == 4
+    monkeypatch.undo()
+    T.train(tiny(tmp_path, data_dir, max_iters=8, eval_interval=4, init_from="resume"), verbose=False)
+    assert log_records(tmp_path / "out", "eval") == [0, 4, 8]
+
+
+def test_resume_after_an_evaluation_does_not_repeat_it(tmp_path, data_dir):
+    T.train(tiny(tmp_path, data_dir, max_iters=4, eval_interval=4), verbose=False)
+    T.train(tiny(tmp_path, data_dir, max_iters=8, eval_interval=4, init_from="resume"), verbose=False)
+    assert log_records(tmp_path / "out", "eval") == [0, 4, 8]
+
+
+def test_resume_drops_log_records_past_the_checkpoint(tmp_path, data_dir, monkeypatch):
+    out = tmp_path / "out"
+    T.train(tiny(tmp_path, data_dir, max_iters=4, eval_interval=4), verbose=False)
+
+    def killed(*args, **kwargs):  # the process dies while saving at iteration 6: ckpt.pt stays at 4
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(T, "save_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(tiny(tmp_path, data_dir, max_iters=8, eval_interval=6, init_from="resume"), verbose=False)
+    assert log_records(out, "train")[-2:] == [5, 6] and load_checkpoint(out)["iter_num"] == 4
+    with open(out / "log.jsonl", "a") as f:
+        f.write('{"type": "train", "it')  # a line torn by the kill
+    monkeypatch.undo()
+    T.train(tiny(tmp_path, data_dir, max_iters=8, eval_interval=4, init_from="resume"), verbose=False)
+    assert log_records(out, "train") == list(range(1, 9))  # one record per iteration, as one run writes
+    assert log_records(out, "eval") == [0, 4, 8]
 
 
 # -----------------------------------------------------------------------------
