@@ -25,11 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenizer import CharTokenizer, write_meta, write_tokens_atomically
+from tokenizer import CharTokenizer, char_fingerprint, write_meta, write_tokens_atomically
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_OUT = {"shakespeare": "data/shakespeare_char", "stdlib": "data/stdlib_char"}
 TRAIN_FRACTION = 0.9
+
+
+class PrepareError(ValueError):
+    """Input that cannot be made into a dataset: no such file, not UTF-8, too short, no download."""
 
 
 def download_shakespeare(timeout=30):
@@ -37,8 +41,8 @@ def download_shakespeare(timeout=30):
         with urllib.request.urlopen(SHAKESPEARE_URL, timeout=timeout) as response:
             return response.read().decode("utf-8")
     except Exception as e:
-        raise SystemExit(
-            f"could not download Tiny Shakespeare from {SHAKESPEARE_URL} ({type(e).__name__}: {e}).\n"
+        raise PrepareError(
+            f"could not download Tiny Shakespeare from {SHAKESPEARE_URL} ({type(e).__name__}: {e}). "
             f"Without a network, pass a local copy with --input=path/to/tinyshakespeare.txt, or use the offline "
             f"corpus: python prepare_char.py --corpus=stdlib"
         ) from None
@@ -66,7 +70,7 @@ def stdlib_files(root=None):
 def stdlib_corpus(root=None, max_chars=0):
     files = stdlib_files(root)
     if not files:
-        raise SystemExit(f"found no .py files under {root or sysconfig.get_paths()['stdlib']}")
+        raise PrepareError(f"found no .py files under {root or sysconfig.get_paths()['stdlib']}")
     pieces, total = [], 0
     for _, text in files:
         pieces.append(text)
@@ -90,10 +94,10 @@ def encode(text, tokenizer):
 def prepare(text, out_dir, source):
     """Write a character-level dataset of `text` into out_dir; return its meta dict."""
     if len(text) < 2:
-        raise SystemExit("the text is too short to split into train and val")
+        raise PrepareError("the text is too short to split into train and val")
     chars = "".join(sorted(set(text)))
     if len(chars) > 65536:
-        raise SystemExit(f"{len(chars)} distinct characters do not fit in uint16 token ids")
+        raise PrepareError(f"{len(chars)} distinct characters do not fit in uint16 token ids")
     tokenizer = CharTokenizer(chars)
     n = len(text)
     split = int(n * TRAIN_FRACTION)
@@ -107,6 +111,7 @@ def prepare(text, out_dir, source):
         "vocab_size": len(chars),
         "chars": chars,
         "tokens": {"train": int(train_ids.size), "val": int(val_ids.size)},
+        "train_text_sha1": char_fingerprint(train_ids, chars),  # train.py checks "chars" against it
         "source": source,
         "characters": n,
     }
@@ -114,20 +119,50 @@ def prepare(text, out_dir, source):
     return meta
 
 
+def read_text_file(path):
+    """The text of a local UTF-8 file, line ends made "\\n" as text-mode reading does."""
+    path = Path(path)
+    if not path.is_file():
+        raise PrepareError(f"--input={path}: no such file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise PrepareError(f"--input={path}: cannot read it ({e.strerror})") from None
+    try:
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError as e:
+        raise PrepareError(
+            f"--input={path} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} is not valid UTF-8. "
+            f"Convert the file first, e.g. iconv -f latin1 -t utf-8 {path} > {path.stem}.utf8{path.suffix}"
+        ) from None
+
+
 def main(argv=None):
+    """The command line; returns the exit status (errors are one `error:` line on stderr)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", choices=("shakespeare", "stdlib"), default="shakespeare")
     parser.add_argument("--input", default="", help="a local UTF-8 text file instead of the download")
     parser.add_argument("--out_dir", default="", help="default: data/shakespeare_char (also for --input), or data/stdlib_char for --corpus=stdlib")
     parser.add_argument("--max_chars", type=int, default=0, help="stdlib corpus: keep at most this many characters (0 = all)")
     args = parser.parse_args(argv)
+    try:
+        meta, out_dir = prepare_from_args(args)
+    except PrepareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the output folder cannot be written
+        print(f"error: cannot write the dataset: {e}", file=sys.stderr)
+        return 1
+    print(f"{meta['source']}: {meta['characters']:,} characters, vocab {meta['vocab_size']}, "
+          f"{meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens -> {out_dir}")
+    return 0
 
+
+def prepare_from_args(args):
+    """Read or download the text the arguments name and prepare it; return (meta, out_dir)."""
     if args.input:
-        path = Path(args.input)
-        if not path.is_file():
-            raise SystemExit(f"--input={args.input}: no such file")
-        text = path.read_text(encoding="utf-8")
-        source = f"file:{path.name}"
+        text = read_text_file(args.input)
+        source = f"file:{Path(args.input).name}"
     elif args.corpus == "shakespeare":
         print(f"downloading {SHAKESPEARE_URL}")
         text = download_shakespeare()
@@ -139,10 +174,8 @@ def main(argv=None):
     if args.corpus == "shakespeare" and not args.input:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "input.txt").write_text(text, encoding="utf-8")
-    meta = prepare(text, out_dir, source)
-    print(f"{source}: {meta['characters']:,} characters, vocab {meta['vocab_size']}, "
-          f"{meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens -> {out_dir}")
+    return prepare(text, out_dir, source), out_dir
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

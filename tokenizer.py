@@ -6,7 +6,9 @@ A prepared dataset is a folder holding
     meta.json           which tokenizer made them:
                         {"tokenizer": "gpt2" | "char", "vocab_size": int,
                          "chars": "<every character in id order>"   (char only),
-                         "tokens": {"train": int, "val": int}, ...any extra keys}
+                         "tokens": {"train": int, "val": int},   (the token count of each file)
+                         "train_text_sha1": char_fingerprint of train.bin   (char only, optional),
+                         ...any extra keys}
 
 The prepare_*.py scripts write this format with write_tokens_atomically / token_memmap_writer and
 write_meta; training and sampling read it back with read_meta and tokenizer_from_meta.
@@ -160,6 +162,13 @@ def _check_meta(meta, where):
         chars = meta.get("chars")
         if not isinstance(chars, str) or len(chars) != meta["vocab_size"]:
             raise bad('a "char" dataset needs "chars", a string of vocab_size characters')
+
+
+def char_fingerprint(ids, chars):
+    """SHA-1 of the text that character ids spell with `chars` (as UTF-32-LE code points, so that
+    no string is built): it changes if the vocabulary is reordered or the ids belong to other text."""
+    code_points = np.array([ord(ch) for ch in chars], dtype="<u4")
+    return hashlib.sha1(code_points[np.asarray(ids)].tobytes()).hexdigest()
 
 
 def write_meta(data_dir, meta):

@@ -43,7 +43,7 @@ from checkpoint import (CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, CheckpointError
 import distributed
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from runtime import autocast_context, peak_flops, resolve_device, resolve_dtype
-from tokenizer import TOKEN_DTYPE
+from tokenizer import TOKEN_DTYPE, char_fingerprint
 
 # -----------------------------------------------------------------------------
 # default config values: train a GPT-2 (124M) on OpenWebText, as NanoGPT does
@@ -294,7 +294,7 @@ def check_data(data_dir, block_size):
         meta = read_meta(data_dir)
     except (FileNotFoundError, ValueError) as e:
         raise DataError(str(e)) from None
-    n_tokens, max_token = {}, -1
+    n_tokens, scanned = {}, {}
     for split, path in paths.items():
         n = path.stat().st_size // 2
         if n < block_size + 1:
@@ -303,14 +303,38 @@ def check_data(data_dir, block_size):
                 f"needs block_size inputs plus one target. Use a smaller block_size or more data"
             )
         n_tokens[split] = n
-        m = _max_token(path)
-        max_token = max(max_token, meta["vocab_size"] - 1 if m is None else m)
-    if max_token >= meta["vocab_size"]:
-        raise DataError(
-            f"{data_dir} holds token id {max_token}, but its meta.json says vocab_size={meta['vocab_size']}: "
-            f"the data and meta.json do not belong together; prepare the dataset again"
-        )
+        scanned[split] = _max_token(path)
+    check_meta_fits_data(meta, paths, n_tokens, scanned)
+    max_token = max(meta["vocab_size"] - 1 if m is None else m for m in scanned.values())
     return meta, n_tokens, max_token
+
+
+def check_meta_fits_data(meta, paths, n_tokens, scanned):
+    """Stop before training when meta.json describes other data than the token files hold: other
+    token counts, ids beyond its vocabulary, GPT-2 BPE that uses byte ids only (character data), or
+    (character data prepared with a fingerprint) "chars" that no longer spell the prepared text.
+    `scanned` is each split's largest id, None where the file was too large to scan."""
+    meta_path = paths["train"].parent / "meta.json"
+    again = "the data and meta.json do not belong together; prepare the dataset again"
+    for split, path in paths.items():
+        if n_tokens[split] != meta["tokens"][split]:
+            raise DataError(f"{path} holds {n_tokens[split]:,} tokens, but {meta_path} says "
+                            f"{meta['tokens'][split]:,}: {again}")
+    known = [m for m in scanned.values() if m is not None]
+    if known and max(known) >= meta["vocab_size"]:
+        raise DataError(f"{meta_path.parent} holds token id {max(known)}, but its meta.json says "
+                        f"vocab_size={meta['vocab_size']}: {again}")
+    if meta["tokenizer"] == "gpt2" and len(known) == len(scanned) and max(known) < 256:
+        raise DataError(f"{meta_path} says the GPT-2 BPE made this data, but no token id is above {max(known)}, "
+                        f"while BPE text uses ids far above 255 (' the' is 262): this looks like character-level "
+                        f"data, so {again}")
+    fingerprint = meta.get("train_text_sha1")
+    if meta["tokenizer"] == "char" and fingerprint and scanned["train"] is not None:
+        ids = np.memmap(paths["train"], dtype=TOKEN_DTYPE, mode="r")
+        if char_fingerprint(ids, meta["chars"]) != fingerprint:
+            raise DataError(f"the \"chars\" of {meta_path} do not spell the text {paths['train']} was prepared "
+                            f"from (its train_text_sha1 differs): the characters were reordered or belong to "
+                            f"other data; {again}")
 
 
 class Batches:

@@ -1,4 +1,5 @@
 """prepare_char.py: character-level datasets from Tiny Shakespeare or the Python standard library."""
+import hashlib
 import json
 import subprocess
 import sys
@@ -67,18 +68,49 @@ def test_command_line_local_file(tmp_path):
     assert decode_file(out / "train.bin", meta) + decode_file(out / "val.bin", meta) == src.read_text()
 
 
-def test_missing_input_and_failed_download_are_clear(tmp_path, monkeypatch):
-    with pytest.raises(SystemExit, match="no such file"):
-        P.main([f"--input={tmp_path / 'nope.txt'}", f"--out_dir={tmp_path / 'x'}"])
+def one_error_line(capsys):
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_missing_input_and_failed_download_are_clear(tmp_path, monkeypatch, capsys):
+    assert P.main([f"--input={tmp_path / 'nope.txt'}", f"--out_dir={tmp_path / 'x'}"]) == 1
+    assert "no such file" in one_error_line(capsys)
 
     def offline(*args, **kwargs):
         raise OSError("network is unreachable")
 
     monkeypatch.setattr(P.urllib.request, "urlopen", offline)
-    with pytest.raises(SystemExit) as err:
-        P.main([f"--out_dir={tmp_path / 'y'}"])
-    assert "--input=" in str(err.value) and "--corpus=stdlib" in str(err.value)
+    assert P.main([f"--out_dir={tmp_path / 'y'}"]) == 1
+    err = one_error_line(capsys)
+    assert "--input=" in err and "--corpus=stdlib" in err
     assert not (tmp_path / "y" / "meta.json").exists()
+
+
+def test_non_utf8_input_is_an_error_line_not_a_traceback(tmp_path):
+    src = tmp_path / "latin1.txt"
+    src.write_bytes("Caf\u00e9 cr\u00e8me, na\u00efve\n".encode("latin-1") * 20)
+    result = subprocess.run([sys.executable, str(REPO / "prepare_char.py"), f"--input={src}",
+                             f"--out_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "is not UTF-8 text: byte 0xe9 at offset 3" in result.stderr and "iconv" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_windows_line_ends_read_as_before(tmp_path):
+    src = tmp_path / "crlf.txt"
+    src.write_bytes(b"one\r\ntwo\r\n" * 20)
+    assert P.main([f"--input={src}", f"--out_dir={tmp_path / 'out'}"]) == 0
+    assert "\r" not in read_meta(tmp_path / "out")["chars"]
+
+
+def test_meta_carries_the_fingerprint_of_the_train_text(tmp_path):
+    text = "the quick brown fox\n" * 30
+    meta = P.prepare(text, tmp_path, "test")
+    split = int(len(text) * 0.9)
+    assert meta["train_text_sha1"] == hashlib.sha1(text[:split].encode("utf-32-le")).hexdigest()
 
 
 @needs_shakespeare

@@ -13,6 +13,7 @@ from tokenizer import (
     CharTokenizer,
     GPT2Tokenizer,
     TokenizerUnavailableError,
+    char_fingerprint,
     gpt2_encoding,
     read_meta,
     token_memmap_writer,
@@ -189,3 +190,12 @@ def test_interrupted_write_leaves_the_old_file_and_no_partial_one(tmp_path):
             raise KeyboardInterrupt
     assert np.memmap(path, dtype=np.uint16, mode="r").tolist() == [1, 2, 3]
     assert os.listdir(tmp_path) == ["train.bin"]
+
+
+def test_char_fingerprint_is_the_text_and_changes_with_the_order_of_chars():
+    text = "naïve → ok\n" * 5
+    chars = "".join(sorted(set(text)))
+    ids = np.array(CharTokenizer(chars).encode(text), dtype=np.uint16)
+    assert char_fingerprint(ids, chars) == hashlib.sha1(text.encode("utf-32-le")).hexdigest()
+    swapped = chars[1] + chars[0] + chars[2:]
+    assert char_fingerprint(ids, swapped) != char_fingerprint(ids, chars)

@@ -4,6 +4,7 @@ Everything runs on CPU with tiny models; the in-process runs take well under a s
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -185,6 +186,38 @@ def test_data_errors(tmp_path, case, match):
         (d / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(T.DataError, match=match):
         T.train(tiny(tmp_path, d, **overrides))
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def swap_first_two_chars(meta):
+    chars = meta["chars"]
+    meta["chars"] = chars[1] + chars[0] + chars[2:]
+
+
+def gpt2_label_on_char_data(meta):
+    meta.update(tokenizer="gpt2", vocab_size=50257)
+    del meta["chars"]
+
+
+def miscount_val_tokens(meta):
+    meta["tokens"]["val"] += 7
+
+
+@pytest.mark.parametrize("edit, match", [
+    (swap_first_two_chars, 'the "chars" of .*meta.json do not spell the text'),
+    (gpt2_label_on_char_data, "says the GPT-2 BPE made this data.*looks like character-level data"),
+    (miscount_val_tokens, "val.bin holds 300 tokens, but .*meta.json says 307"),
+])
+def test_a_meta_json_that_does_not_describe_the_data_stops_before_training(tmp_path, edit, match, capsys):
+    d = tmp_path / "data"
+    prepare(TEXT[:3000], d, "test text")
+    meta = json.loads((d / "meta.json").read_text())
+    edit(meta)
+    (d / "meta.json").write_text(json.dumps(meta))
+    cfg = tiny(tmp_path, d)
+    assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
+    err = capsys.readouterr().err
+    assert re.search(match, err) and err.startswith("error: ") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
