@@ -362,6 +362,38 @@ def _default_output(args):
     return (out if out.is_dir() else out.parent) / "hellaswag.json"
 
 
+def check_writable(output):
+    """Raise HellaSwagError unless the results file can be written, so that an evaluation (hours on
+    the full set) never runs only to lose its results. Leaves no file behind."""
+    output = Path(output)
+    if output.is_dir():
+        raise HellaSwagError(f"the results file --output={output} is a folder: name a file in it")
+    existed = output.exists()
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with open(output, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise HellaSwagError(f"cannot write the results file {output} ({e.strerror}): "
+                             f"pass --output with a writable path") from None
+    if not existed:
+        output.unlink()
+
+
+def report(results, output):
+    """Print the accuracies, then write the results JSON; printed first, they survive a failed write."""
+    for m in METRICS:
+        print(f"{m:>14}: {results[m]:.4f}  ({results['correct'][m]}/{results['n']})")
+    if results["n_endings_truncated"]:
+        print(f"note: {results['n_endings_truncated']} endings were longer than block_size and only partly scored")
+    try:
+        output.write_text(json.dumps(results, indent=2) + "\n")
+    except OSError as e:
+        raise HellaSwagError(f"cannot write the results file {output} ({e.strerror}); "
+                             f"the accuracies are printed above") from None
+    print(f"results written to {output}")
+
+
 def main(argv=None):
     from checkpoint import CheckpointError
     from tokenizer import TokenizerUnavailableError
@@ -369,7 +401,10 @@ def main(argv=None):
     args = parse_args(argv)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world_size, local_rank = 0, 1, 0
+    output = Path(args.output) if args.output else _default_output(args)
     try:
+        if int(os.environ.get("RANK", "0")) == 0:  # the rank that writes; before anything slow starts
+            check_writable(output)
         if distributed:
             import torch.distributed as dist
 
@@ -436,14 +471,11 @@ def main(argv=None):
             "acc_harness": "argmax summed log-likelihood, lm-evaluation-harness text (its acc)",
         },
     }
-    output = Path(args.output) if args.output else _default_output(args)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n")
-    for m in METRICS:
-        print(f"{m:>14}: {results[m]:.4f}  ({results['correct'][m]}/{results['n']})")
-    if results["n_endings_truncated"]:
-        print(f"note: {results['n_endings_truncated']} endings were longer than block_size and only partly scored")
-    print(f"results written to {output}")
+    try:
+        report(results, output)
+    except HellaSwagError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

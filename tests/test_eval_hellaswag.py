@@ -327,6 +327,41 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path, hellaswag_file, capsys
     assert proc.returncode == 1 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
 
 
+def save_char_checkpoint(model, folder):
+    save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(), "iter_num": 0,
+                     "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS,
+                              "tokens": {"train": 1, "val": 1}}}, folder / "ckpt.pt")
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "a_folder"])
+def test_an_unwritable_output_fails_before_evaluating(tmp_path, hellaswag_file, capsys, monkeypatch, where):
+    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
+    (tmp_path / "a_file").write_text("x")
+    output = tmp_path / "a_file" / "r.json" if where == "under_a_file" else tmp_path
+    evaluated = []
+    monkeypatch.setattr(eh, "evaluate", lambda *args, **kwargs: evaluated.append(1))
+    assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--output", str(output),
+                    "--no_progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and str(output) in err
+    assert not evaluated
+
+
+def test_a_failed_write_keeps_the_printed_results(tmp_path, hellaswag_file, capsys, monkeypatch):
+    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
+    output = tmp_path / "r.json"
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(eh.Path, "write_text", disk_full)
+    assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--output", str(output),
+                    "--no_progress", "--limit", "2"]) == 1
+    captured = capsys.readouterr()
+    assert "acc_norm:" in captured.out and "No space left on device" in captured.err
+    assert not output.exists()
+
+
 def test_ddp_splits_examples_and_sums_counts(tmp_path, hellaswag_file):
     model = tiny_gpt("optimized")
     save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(),
