@@ -7,6 +7,7 @@ DDP, one node with 8 GPUs:
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 DDP, two nodes (run on each, node_rank 0 on the master):
     torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 train.py config/train_gpt2.py
+FSDP2 (sharded parameters, gradients and AdamW state; distributed.py): the same lines with --parallelism=fsdp
 
 Configuration works as in NanoGPT: the defaults below, then any config files named on the command
 line (plain Python, executed in order), then `--key=value` overrides parsed as Python literals.
@@ -19,6 +20,8 @@ What the run writes to out_dir (rank 0 only):
                   atomically, loadable with torch.load(weights_only=True), never with "_orig_mod."
     log.jsonl     one JSON object per logged iteration and per evaluation
     summary.json  parameters, FLOPs, final losses, speed, peak memory and wall time of the run
+Under FSDP, ckpt.pt holds the gathered model without optimizer or rng, and the resume point is the
+folder ckpt_sharded/ (every rank writes its shards; distributed.py).
 """
 
 import ast

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train as T
-from checkpoint import CHECKPOINT_NAME, load_checkpoint, load_model_and_tokenizer
+from checkpoint import load_checkpoint, load_model_and_tokenizer
 from conftest import REPO
 from distributed import SHARDED_NAME, TRAIN_STATE_NAME
 from test_train import data_dir, params, subprocess_env, tiny  # noqa: F401  data_dir is a fixture
@@ -208,3 +208,14 @@ def test_activation_checkpointing_recomputes_each_block_in_backward():
     assert attention_calls(False) == (2 + 2, attention_calls(False)[1])
     calls, loss = attention_calls(True)
     assert calls == 2 + 2 + 2 and loss == attention_calls(False)[1]  # once more per block, in backward
+
+
+def test_fsdp_resumes_on_another_number_of_processes(fsdp_run, tmp_path, data_dir, one_process_group):  # noqa: F811
+    """The shards of 2 processes load into 1 (torch.distributed.checkpoint reshards)."""
+    import shutil
+
+    shutil.copytree(fsdp_run, tmp_path / "out")
+    summary = T.train(tiny(tmp_path, data_dir, **{**COMMON, "max_iters": 4}, parallelism="fsdp", init_from="resume"),
+                      verbose=False)
+    assert summary["iterations"] == 4 and summary["iterations_this_run"] == 1 and summary["world_size"] == 1
+    assert load_checkpoint(tmp_path / "out")["iter_num"] == 4
