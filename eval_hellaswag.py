@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from atomic import write_text_atomic
 from checkpoint import load_model_and_tokenizer
 from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype
 
@@ -387,7 +388,7 @@ def report(results, output):
     if results["n_endings_truncated"]:
         print(f"note: {results['n_endings_truncated']} endings were longer than block_size and only partly scored")
     try:
-        output.write_text(json.dumps(results, indent=2) + "\n")
+        write_text_atomic(output, json.dumps(results, indent=2) + "\n")
     except OSError as e:
         raise HellaSwagError(f"cannot write the results file {output} ({e.strerror}); "
                              f"the accuracies are printed above") from None

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from atomic import write_text_atomic
+
 EOT_TOKEN = 50256  # GPT-2's <|endoftext|>, written after every document
 GPT2_VOCAB_SIZE = 50257
 TOKEN_DTYPE = np.uint16  # every id of both tokenizers fits in 16 bits, halving the files
@@ -172,13 +174,10 @@ def char_fingerprint(ids, chars):
 
 
 def write_meta(data_dir, meta):
-    """Write data_dir/meta.json atomically (a temporary file, then os.replace), after checking it."""
+    """Write data_dir/meta.json atomically, after checking it."""
     path = Path(data_dir) / META_FILENAME
     _check_meta(meta, f"refusing to write {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(meta, indent=2) + "\n")
 
 
 def read_meta(data_dir):

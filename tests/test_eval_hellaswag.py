@@ -351,10 +351,10 @@ def test_a_failed_write_keeps_the_printed_results(tmp_path, hellaswag_file, caps
     save_char_checkpoint(tiny_gpt("standard"), tmp_path)
     output = tmp_path / "r.json"
 
-    def disk_full(self, *args, **kwargs):
+    def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(eh.Path, "write_text", disk_full)
+    monkeypatch.setattr(eh, "write_text_atomic", disk_full)
     assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--output", str(output),
                     "--no_progress", "--limit", "2"]) == 1
     captured = capsys.readouterr()
