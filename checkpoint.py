@@ -109,7 +109,7 @@ def load_checkpoint(path, map_location="cpu"):
 def _read(path, map_location):
     """torch.load(weights_only=True), with messages that say what the file is instead of torch's
     (whose advice to pass weights_only=False would run any code a pickle holds)."""
-    not_ours = f"{path} is not a checkpoint of this repo"
+    not_ours = f"cannot read checkpoint {path}: it is not a checkpoint of this repo"
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"{not_ours}: it is not a torch.save archive (a truncated copy, or another kind of file)")
     try:

@@ -114,6 +114,10 @@ class DataError(ValueError):
     """Training data that is missing, empty, too short, or does not fit the model."""
 
 
+class LaunchError(RuntimeError):
+    """A training process started by `python train.py --nproc_per_node=N ...` failed."""
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss or the weights became NaN or inf; the last good checkpoint is left as it was."""
 
@@ -569,9 +573,10 @@ def init_distributed(backend):
 
 
 def teardown_distributed(run):
-    """Free the process group now, while the interpreter is whole: drop DDP (its reducer holds the
-    group), collect whatever cycle may still hold it, then destroy it, which joins gloo's threads."""
-    run.model = None
+    """Free the process group now, while the interpreter is whole: drop what the run holds (DDP's
+    reducer and FSDP's sharded parameters hold the group), collect whatever cycle may still hold
+    it, then destroy it, which joins gloo's threads."""
+    vars(run).clear()
     gc.collect()
     dist.destroy_process_group()
 
@@ -959,6 +964,72 @@ def write_summary(run):
     return summary
 
 
+# -----------------------------------------------------------------------------
+# python train.py --standalone --nproc_per_node=N ...: torchrun in this process, clean on signals
+
+def split_launcher_args(argv):
+    """(torchrun's options, train.py's arguments) of one command line, or None when it holds no
+    option torchrun knows. Launcher options are written --name=value (or a bare flag), as config
+    overrides are, so that no value is taken for a config file."""
+    from torch.distributed.run import get_args_parser
+
+    options = get_args_parser()._option_string_actions  # argparse has no public list of its options
+    launcher = [a for a in argv if a.startswith("--") and a.split("=", 1)[0] in options and a != "--help"]
+    for arg in launcher:
+        if "=" not in arg and options[arg].nargs != 0:
+            raise ConfigError(f"write the launcher option {arg} with its value, as {arg}=VALUE")
+    return (launcher, [a for a in argv if a not in launcher]) if launcher else None
+
+
+def child_pids(parent):
+    """The pids of the processes whose parent is `parent` (Linux /proc): for the launcher, the
+    training processes torch's elastic agent started."""
+    pids = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = stat_file.read_text().rsplit(")", 1)[1].split()[1]  # after "pid (name) state"
+        except (OSError, IndexError):
+            continue  # the process ended meanwhile
+        if ppid == str(parent):
+            pids.append(int(stat_file.parent.name))
+    return pids
+
+
+def _pass_signal_to_workers(signum, frame):
+    pids = child_pids(os.getpid())
+    if not pids:  # no training process yet: nothing to save, stop at once
+        raise SystemExit(128 + signum)
+    print(f"launcher: received {signal.Signals(signum).name}, passing it to the {len(pids)} training process(es)",
+          file=sys.stderr, flush=True)
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def launch(launcher_args, train_args):
+    """Run train.py under torch's elastic agent, the launcher torchrun runs, in this process, with
+    one difference: SIGINT and SIGTERM are passed to the training processes, which finish their
+    step, save and exit 0, and then the launcher exits 0 too. torchrun itself turns a signal it
+    receives into a SignalException, a traceback and exit status 1, whatever the workers did."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import main as torchrun_main
+
+    # torch's agent would install its own handlers for these; /proc is how the workers are found
+    if "--signals-to-handle" in get_args_parser()._option_string_actions and Path("/proc/self/stat").exists():
+        launcher_args = [*launcher_args, "--signals-to-handle=SIGHUP,SIGQUIT"]
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _pass_signal_to_workers)
+    try:
+        torchrun_main([*launcher_args, str(Path(__file__).resolve()), *train_args])
+    except ChildFailedError as e:
+        codes = ", ".join(f"rank {rank} exit code {f.exitcode}" for rank, f in sorted(e.failures.items()))
+        raise LaunchError(f"a training process failed ({codes}); its messages are above") from None
+    return 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
@@ -968,9 +1039,12 @@ def main(argv=None):
             print(f"  --{key}={value!r}")
         return 0
     try:
+        launcher = split_launcher_args(argv)
+        if launcher:
+            return launch(*launcher)
         config = get_config(argv)
         train(config)
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError) as e:
+    except (ConfigError, DataError, CheckpointError, NonFiniteLossError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
