@@ -9,16 +9,15 @@ A checkpoint is a dict of plain data and tensors:
     iter_num, best_val_loss, config, rng, meta (the dataset's meta.json, so the tokenizer travels along)
 """
 
-import os
 import pickle
 import sys
-import tempfile
 import zipfile
 from dataclasses import fields
 from pathlib import Path
 
 import torch
 
+from atomic import atomic_file
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from tokenizer import GPT2Tokenizer, read_meta, tokenizer_from_meta
 
@@ -57,13 +56,6 @@ def first_non_finite(checkpoint):
     return None
 
 
-def _umask():
-    # os.umask can only be read by setting it; set it straight back
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def save_checkpoint(checkpoint, path):
     """Write to a temporary file in the same folder, flush it to disk, then rename over `path`:
     a crash at any moment leaves either the old checkpoint or the new one, never a torn file.
@@ -73,19 +65,8 @@ def save_checkpoint(checkpoint, path):
     bad = first_non_finite(checkpoint)
     if bad is not None:
         raise NonFiniteCheckpointError(f"refusing to write {path}: {bad} holds NaN or inf values")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp creates the file 0600; give it the mode any other output of the run gets
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "wb") as f:  # the umask's permissions, like every other output of a run
+        torch.save(checkpoint, f)
 
 
 def load_checkpoint(path, map_location="cpu"):

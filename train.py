@@ -41,6 +41,7 @@ import torch
 
 import torch.distributed as dist
 
+from atomic import write_text_atomic
 from checkpoint import (CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, CheckpointError, first_non_finite, load_checkpoint,
                         load_weights, save_checkpoint)
 import distributed
@@ -449,9 +450,7 @@ def trim_log(path, last_iter):
         else:
             dropped += 1
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(kept))
     return dropped
 
 
@@ -953,9 +952,7 @@ def write_summary(run):
         "dataset": str(run.data_dir),
     }
     if run.master:
-        tmp = run.out_dir / (SUMMARY_NAME + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, run.out_dir / SUMMARY_NAME)
+        write_text_atomic(run.out_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
         final = summary["final_val_loss"]
         run.say(f"done: {run.n_steps} iterations in {summary['wall_time_s']:.1f}s, final val loss "
                 f"{final if final is None else round(final, 4)}")
