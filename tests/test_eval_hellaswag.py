@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import REPO, needs_bpe
+from conftest import REPO, VARIANTS, needs_bpe
 import eval_hellaswag as eh
 from checkpoint import save_checkpoint
-from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from model import GPT, GPTConfig
 from tokenizer import CharTokenizer
 
 
@@ -171,7 +171,7 @@ def stepwise_logprob(model, context, continuation):
     return total
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_loglikelihood_equals_stepwise_sum(attention):
     model = tiny_gpt(attention)
     if attention == "super":  # make W^A matter: away from its identity initialisation
@@ -303,7 +303,7 @@ def test_hellaswag_during_training(tmp_path, hellaswag_file):
     assert all(r["n"] == 3 and {"acc", "acc_norm", "acc_char_norm"} <= r.keys() for r in hellaswag)
 
 
-@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_every_variant_from_a_checkpoint(tmp_path, hellaswag_file, attention):
     model = tiny_gpt(attention)
     save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(), "iter_num": 0,

@@ -18,7 +18,7 @@ import torch
 import train as T
 from bench_faults import nan_after_step
 from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
-from conftest import REPO
+from conftest import REPO, VARIANTS
 from model import GPT
 from prepare_char import prepare
 
@@ -165,7 +165,7 @@ def write_char_data(d, train_ids, val_ids, vocab_size=40):
     ("vocab_too_small", "vocab_size=10 is too small.*largest token id is 39"),
     ("meta_disagrees", "token id 39.*vocab_size=20"),
 ])
-def test_data_errors(tmp_path, case, match):
+def test_bad_data_stops_before_training_with_the_reason(tmp_path, case, match):
     d = tmp_path / "data"
     ids = np.arange(200) % 40
     overrides = {}
@@ -293,7 +293,7 @@ def test_loss_falls(tmp_path, data_dir):
 # -----------------------------------------------------------------------------
 # exact resume
 
-@pytest.mark.parametrize("attention", ["standard", "optimized", "efficient", "super"])
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_resume_equals_uninterrupted_training(tmp_path, data_dir, attention):
     common = dict(attention=attention, dropout=0.1, max_iters=8, eval_interval=4, gradient_accumulation_steps=2)
     T.train(tiny(tmp_path / "straight", data_dir, **common), verbose=False)
