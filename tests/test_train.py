@@ -413,6 +413,10 @@ def test_finished_ddp_runs_exit_0_every_time_with_no_gloo_thread_left(tmp_path, 
     assert not leftover  # destroy_process_group really ended the group, before the interpreter shut down
 
 
+def log_records_so_far(log):
+    return log.read_text().count('"type": "train"') if log.exists() else 0
+
+
 def launch_and_signal(tmp_path, data_dir, sig, to_group, **overrides):
     """Start `python train.py --standalone --nproc_per_node=2 ...` (train.py's own torchrun), signal
     it once two steps are logged, return (exit status, stdout, stderr)."""
@@ -424,7 +428,7 @@ def launch_and_signal(tmp_path, data_dir, sig, to_group, **overrides):
                             text=True, start_new_session=True)
     log = tmp_path / "out" / "log.jsonl"
     deadline = time.time() + 120
-    while time.time() < deadline and not (log.exists() and log.read_text().count('"type": "train"') >= 2):
+    while proc.poll() is None and time.time() < deadline and log_records_so_far(log) < 2:
         time.sleep(0.05)
     if to_group:  # what Ctrl-C in a terminal does
         os.killpg(proc.pid, sig)
