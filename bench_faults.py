@@ -125,10 +125,19 @@ def wait_for_save(out_dir, pid, stale, timeout=120):
     return "timeout"
 
 
-def save_seconds(stdout_path):
-    """The mean time the reference run took per save (train.py prints it)."""
-    times = [float(t) for t in re.findall(r"\(evaluation, ([\d.]+)s\)", Path(stdout_path).read_text())]
-    return sum(times) / len(times)
+def reference_run(args, out_dir, log):
+    """Run the uninterrupted reference while watching its temporary checkpoint files; return how
+    long, on average, one existed (the window a kill must hit to land mid-write)."""
+    pid, seen, lifetimes = fork_train(args, log), {}, []
+    while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+        now, present = time.time(), temporary_files(out_dir)
+        for name in present - seen.keys():
+            seen[name] = now
+        for name in [n for n in seen if n not in present]:
+            lifetimes.append(now - seen.pop(name))
+        time.sleep(0.0005)
+    assert os.waitstatus_to_exitcode(done[1]) == 0 and lifetimes, f"the reference run failed: {log}"
+    return sum(lifetimes) / len(lifetimes)
 
 
 def kill_once(args, out_dir, log, expected_start, delay):
@@ -146,8 +155,11 @@ def kill_once(args, out_dir, log, expected_start, delay):
     wait_status(pid)
     during = bool(temporary_files(out_dir) - stale)
     resumed_at = reported(log, RESUMED)
-    iteration, problem = check_checkpoint(out_dir)
     last_save = max(reported(log, SAVED), default=expected_start)
+    if last_save == 0 and not (Path(out_dir) / CHECKPOINT_NAME).exists():
+        iteration, problem = 0, None  # killed in the chain's first save: nothing to keep yet
+    else:
+        iteration, problem = check_checkpoint(out_dir)
     return dict(kill=1, during_save=int(during), corrupted=int(problem is not None),
                 failed_resume=int(expected_start > 0 and resumed_at != [expected_start]),
                 lost=max(0, last_save - (iteration or 0)), iteration=iteration, note=problem)
@@ -159,13 +171,13 @@ def kill_chain(data_dir, work, n_kills, rng):
     common = dict(model=KILL_MODEL, max_iters=max_iters, lr_decay_iters=max_iters, eval_interval=eval_interval)
     reference = work / "kill-reference"
     ref_log = work / "kill-reference.txt"
-    assert wait_status(fork_train(config_args(data_dir, reference, **common), ref_log)) == 0, ref_log
-    save_time = save_seconds(ref_log)
+    write_time = reference_run(config_args(data_dir, reference, **common), reference, ref_log)
     out = work / "kill-chain"
     totals, iteration = dict(runs=0, kill=0, during_save=0, corrupted=0, failed_resume=0, lost=0), 0
     for k in range(n_kills):
         args = config_args(data_dir, out, **common, init_from="resume" if iteration else "scratch")
-        figures = kill_once(args, out, work / f"kill-{k}.txt", iteration, rng.uniform(0, save_time))
+        # about two kills in three mid-write, the others just after the rename (so the chain advances)
+        figures = kill_once(args, out, work / f"kill-{k}.txt", iteration, rng.uniform(0, 1.5 * write_time))
         for key in totals:
             totals[key] += figures.get(key, 0)
         totals["runs"] += 1
@@ -173,7 +185,7 @@ def kill_chain(data_dir, work, n_kills, rng):
             print(f"  kill {k}: {figures['note']}")
         iteration = figures.get("iteration") or iteration
     finish_chain(data_dir, out, reference, common, iteration, totals, work)
-    return totals, f"{save_time:.2f}s per save, {max_iters} iterations"
+    return totals, f"ckpt.pt takes {write_time * 1000:.0f} ms to write, {max_iters} iterations"
 
 
 def finish_chain(data_dir, out, reference, common, iteration, totals, work):
