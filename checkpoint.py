@@ -121,7 +121,10 @@ def load_weights(model, state_dict, where):
     if problems:
         raise CheckpointError(f"the weights in {where} do not fit the model its model_args describe "
                               f"({'; '.join(problems)}): it was not written by this version of train.py")
-    model.load_state_dict(state_dict)
+    try:
+        model.load_state_dict(state_dict)
+    except (RuntimeError, TypeError, AttributeError) as e:  # e.g. an entry that is not a tensor
+        raise CheckpointError(f"the weights in {where} do not load: {str(e).splitlines()[0]}") from None
 
 
 def model_from_checkpoint(checkpoint, device="cpu"):

@@ -7,6 +7,9 @@ DDP, one node with 8 GPUs:
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 DDP, two nodes (run on each, node_rank 0 on the master):
     torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 train.py config/train_gpt2.py
+DDP with train.py as its own torchrun (the same options as --name=value), so that SIGINT/SIGTERM to
+the launcher stops every process after a checkpoint and the launcher exits 0 (torchrun exits 1):
+    python train.py --standalone --nproc_per_node=2 config/quickstart.py --gradient_accumulation_steps=2
 FSDP2 (sharded parameters, gradients and AdamW state; distributed.py): the same lines with --parallelism=fsdp
 
 Configuration works as in NanoGPT: the defaults below, then any config files named on the command

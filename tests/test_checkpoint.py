@@ -94,3 +94,11 @@ def test_weights_that_do_not_fit_say_which_keys():
     message = str(err.value)
     assert "missing: lm_head.weight" in message and "unexpected: stray.weight" in message
     assert "transformer.wte.weight (5, 16) instead of (32, 16)" in message and "\n" not in message
+
+
+def test_a_weight_that_is_not_a_tensor_is_a_checkpoint_error():
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    state = model.state_dict()
+    state["lm_head.weight"] = [1.0, 2.0]
+    with pytest.raises(CheckpointError, match="do not load"):
+        load_weights(model, state, "out/ckpt.pt")
