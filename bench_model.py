@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
-from runtime import DTYPES, autocast_context, gpu_peak_flops, resolve_device, resolve_dtype
+from runtime import DTYPES, autocast_context, gpu_peak_flops, resolve_device, resolve_dtype, synchronize
 
 SHAPES = {
     "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
@@ -33,21 +33,16 @@ SHAPES = {
 }
 
 
-def sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def measure_matmul_peak(device, dtype, n=2048, repeats=10):
     """FLOP/s of a large square matmul: the practical ceiling where no datasheet peak applies."""
     a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
     b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
     a @ b
-    sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     for _ in range(repeats):
         a @ b
-    sync(device)
+    synchronize(device)
     return 2 * n**3 * repeats / (time.perf_counter() - t0)
 
 
@@ -102,10 +97,10 @@ def time_round_robin(steps, args):
     times = {name: [] for name in steps}
     for _ in range(args.repeats):
         for name, step in steps.items():
-            sync(args.device)
+            synchronize(args.device)
             t0 = time.perf_counter()
             step()
-            sync(args.device)
+            synchronize(args.device)
             times[name].append(time.perf_counter() - t0)
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}  # medians
 

@@ -18,7 +18,7 @@ import time
 import torch
 
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
-from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype
+from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype, synchronize
 
 SIZES = {
     # a small model, in the range the character-level quick start trains
@@ -34,17 +34,12 @@ def tokens_per_second(model, prompt, args, **generate_args):
     with autocast_context(args.device, args.dtype):
         model.generate(prompt, args.max_new_tokens, **generate_args)
         for _ in range(args.repeats):
-            sync(args.device)
+            synchronize(args.device)
             start = time.perf_counter()
             model.generate(prompt, args.max_new_tokens, **generate_args)
-            sync(args.device)
+            synchronize(args.device)
             best = min(best, time.perf_counter() - start)
     return args.max_new_tokens / best
-
-
-def sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def parse_args():

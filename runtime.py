@@ -64,6 +64,12 @@ def autocast_context(device, dtype):
     return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype])
 
 
+def synchronize(device):
+    """Wait for the device's queued work, so that a wall-clock time covers it (a no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def gpu_peak_flops(device_name):
     """The dense bf16 peak of a GPU named like torch.cuda.get_device_name, or None if not listed."""
     for model, flops in PEAK_BF16_FLOPS:

@@ -20,7 +20,7 @@ import torch
 
 from checkpoint import CheckpointError, load_model_and_tokenizer
 from model import check_sampling
-from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype
+from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype, synchronize
 from tokenizer import TokenizerUnavailableError
 
 
@@ -81,8 +81,7 @@ def sample(model, tokenizer, start_ids, num_samples, max_new_tokens, temperature
             t0 = time.perf_counter()
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k,
                                use_kv_cache=use_kv_cache, compile=compile)
-            if torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(device)
             seconds += time.perf_counter() - t0
             texts.append(safe_decode(tokenizer, y[0].tolist()))
     return texts, seconds
