@@ -39,3 +39,8 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_configure(config):
+    # `pytest -m "not slow"` is the fast subset; CI runs everything.
+    config.addinivalue_line("markers", "slow: takes over ~5 s on 2 CPU cores (torch.compile, torchrun, real corpora)")
