@@ -9,6 +9,8 @@ A checkpoint is a dict of plain data and tensors:
     iter_num, best_val_loss, config, rng, meta (the dataset's meta.json, so the tokenizer travels along)
 """
 
+import fcntl
+import os
 import pickle
 import sys
 import zipfile
@@ -25,6 +27,7 @@ CHECKPOINT_NAME = "ckpt.pt"
 LOG_NAME = "log.jsonl"  # beside the checkpoint: one JSON record per logged step, evaluation, HellaSwag run
 SUMMARY_NAME = "summary.json"  # written at the end of a run: its losses, speed, memory and sizes
 COMPILED_PREFIX = "_orig_mod."
+LOCK_NAME = "train.lock"  # held by the training run that writes the out_dir
 
 
 class CheckpointError(RuntimeError):
@@ -39,6 +42,28 @@ def checkpoint_path(path):
     """Accept a checkpoint file or the folder (out_dir) that holds ckpt.pt."""
     path = Path(path)
     return path / CHECKPOINT_NAME if path.is_dir() else path
+
+
+def lock_out_dir(out_dir):
+    """Claim out_dir for one training run: an advisory lock on out_dir/train.lock, held until the
+    returned file is closed or the process ends (the kernel releases it even after a SIGKILL), so
+    that a second run on a live out_dir stops before it writes anything. A POSIX lock (lockf) is
+    per process: a child process that a fork makes does not inherit it."""
+    path = Path(out_dir) / LOCK_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise CheckpointError(f"{out_dir} is in use by another training run (PID {holder}): wait for it to finish "
+                              f"or stop it, or choose another out_dir") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 def strip_compiled_prefix(state_dict):

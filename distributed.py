@@ -16,8 +16,11 @@ The folder is written as ckpt_sharded.tmp and renamed into place only when every
 finished, so a crash leaves the previous complete folder (docs/training.md, "Sharded training").
 """
 
+import ctypes
 import os
 import shutil
+import signal
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -30,6 +33,22 @@ from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 PARALLELISMS = ("ddp", "fsdp")
 SHARDED_NAME = "ckpt_sharded"  # the folder in out_dir
 TRAIN_STATE_NAME = "train_state.pt"  # inside it, beside the shards
+
+
+# -----------------------------------------------------------------------------
+# the processes
+
+def stop_with_launcher():
+    """Have the kernel send this training process SIGTERM when its launcher (torchrun's agent, the
+    parent) dies, even by SIGKILL: the worker then saves a checkpoint and exits, as on any SIGTERM,
+    instead of training on unsupervised while a restarted run writes the same out_dir. Linux only
+    (prctl PR_SET_PDEATHSIG); elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 # -----------------------------------------------------------------------------

@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from atomic import write_text_atomic
 from checkpoint import (CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, CheckpointError, first_non_finite, load_checkpoint,
-                        load_weights, save_checkpoint)
+                        load_weights, lock_out_dir, save_checkpoint)
 import distributed
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from runtime import autocast_context, peak_flops, resolve_device, resolve_dtype
@@ -525,6 +525,8 @@ def train(config, verbose=True):
     wall_start = time.time()
     c = resolve_config(config)
     ddp, rank, local_rank, world_size = setup_distributed()
+    if ddp:
+        distributed.stop_with_launcher()
     device = resolve_device(c["device"])
     if ddp and device.startswith("cuda"):
         device = f"cuda:{local_rank}"
@@ -559,6 +561,8 @@ def train(config, verbose=True):
                 dist.barrier()  # no rank tears down its connections while another still uses them
             return summary
         finally:
+            if getattr(run, "out_dir_lock", None):
+                run.out_dir_lock.close()
             if ddp:
                 teardown_distributed(run)
 
@@ -618,7 +622,7 @@ class Run:
                  f"{n_tokens['train']:,} train / {n_tokens['val']:,} val tokens "
                  f"({self.meta['tokenizer']}, vocab {self.meta['vocab_size']})")
         if self.master:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.out_dir_lock = lock_out_dir(self.out_dir)  # released when the run ends, or its process dies
             for stale in self.out_dir.glob(CHECKPOINT_NAME + ".*.tmp"):  # left by a crash while saving
                 stale.unlink(missing_ok=True)
 
