@@ -1,7 +1,8 @@
 """
 Files that appear whole or not at all: written under a temporary name in the same folder, flushed
 to disk, then renamed over the target (os.replace is atomic), so a crash or a kill mid-write leaves
-the previous file as it was. Checkpoints, meta.json, summary.json and results files use it.
+the previous file as it was. Checkpoints, meta.json, summary.json, results files, token files and
+downloads use it.
 """
 import os
 from contextlib import contextmanager
@@ -9,21 +10,29 @@ from pathlib import Path
 
 
 @contextmanager
-def atomic_file(path, mode="w", encoding=None):
-    """Open a temporary file beside `path` for writing; on a clean exit it replaces `path`, on an
-    exception it is removed. Created with open(), so it gets the umask's permissions."""
+def atomic_path(path):
+    """Yield a temporary path beside `path` for the caller to fill; on a clean exit it replaces `path`,
+    on an exception (Ctrl-C included) it is removed. For writers that need a name, not a file object
+    (np.memmap); the caller flushes what it wrote before the block ends."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, mode, encoding=encoding if "b" not in mode else None) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_file(path, mode="w", encoding=None):
+    """Open a temporary file beside `path` for writing; on a clean exit it is flushed to disk and
+    replaces `path`, on an exception it is removed. Created with open(), so it gets the umask's permissions."""
+    with atomic_path(path) as tmp, open(tmp, mode, encoding=encoding if "b" not in mode else None) as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_text_atomic(path, text):

@@ -25,15 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenizer import CharTokenizer, char_fingerprint, write_meta, write_tokens_atomically
+from atomic import write_text_atomic
+from tokenizer import CharTokenizer, PrepareError, char_fingerprint, write_meta, write_tokens_atomically
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_OUT = {"shakespeare": "data/shakespeare_char", "stdlib": "data/stdlib_char"}
 TRAIN_FRACTION = 0.9
-
-
-class PrepareError(ValueError):
-    """Input that cannot be made into a dataset: no such file, not UTF-8, too short, no download."""
 
 
 def download_shakespeare(timeout=30):
@@ -172,8 +169,7 @@ def prepare_from_args(args):
         source = f"python{sys.version_info.major}.{sys.version_info.minor} stdlib .py sources"
     out_dir = args.out_dir or DEFAULT_OUT[args.corpus]
     if args.corpus == "shakespeare" and not args.input:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "input.txt").write_text(text, encoding="utf-8")
+        write_text_atomic(Path(out_dir) / "input.txt", text)
     return prepare(text, out_dir, source), out_dir
 
 

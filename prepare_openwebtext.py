@@ -4,25 +4,29 @@ Prepare OpenWebText, C4 (or any text corpus) for training: GPT-2 BPE token ids i
 
     python prepare_openwebtext.py                                  # OpenWebText from the hub, ~9B tokens
     python prepare_openwebtext.py --max_docs 2000 --out_dir data/owt_small  # a quick partial run
-    python prepare_openwebtext.py --dataset my_corpus/ --out_dir data/mine  # local files, works offline
+    python prepare_openwebtext.py --dataset my_corpus/ --out_dir data/mine  # local files
     python prepare_openwebtext.py --dataset c4 --max_tokens 100M   # C4 (allenai/c4, en), streamed -> data/c4
 
 --dataset is a hub dataset name, a preset (c4) or a local file / folder:
     .jsonl / .json   one document per record, its text in --text_column
     .parquet         one document per row, its text in --text_column
-    .txt             each FILE is one document (its newlines are kept, \\r\\n becomes \\n)
+    .txt             in a folder, each FILE is one document (its newlines kept, \\r\\n read as \\n);
+                     a single .txt file is cut into documents at its blank lines
     (.jsonl, .json and .txt may be gzipped: .jsonl.gz, as C4's own files are)
-A folder is searched recursively and must hold files of one kind. Hub and local input go through the
-same load_dataset call (only the builder name and its data files differ); everything after it is shared.
+A folder is searched recursively and must hold files of one kind.
 
-Two ways through, same output:
-  default      load (materialise) -> drop empty documents -> train/val split as NanoGPT does ->
-               tokenize in parallel (datasets.map) -> write each split into a uint16 memmap batch by batch
-  --streaming  iterate the documents (load_dataset(..., streaming=True), nothing materialised) ->
-               drop empty ones -> route each to train or val -> tokenize in threads -> append to the
-               .bin files; --max_tokens stops reading once the budget is met (C4 en is ~305 GB of json.gz)
-The .bin files are filled under temporary names and renamed once complete, and meta.json is removed
-before they are touched and written last, so a folder with a meta.json holds a complete, consistent dataset.
+Offline: local files need no network, but the GPT-2 BPE does, unless TIKTOKEN_CACHE_DIR names a folder
+holding tiktoken's cached r50k_base file (docs/data.md says how to make one on a machine with network).
+
+The documents come from one of two sources and then go through the same writer:
+  loaded (default)  load_dataset materialises the corpus -> empty documents dropped -> NanoGPT's split,
+                    train_test_split(test_size=val_fraction, seed=seed, shuffle=True) with "test" as val
+  --streaming       load_dataset(..., streaming=True), nothing materialised; each document goes to val
+                    by a seeded hash of its text (or val is --val_split); --max_tokens stops reading once
+                    the budget is met (C4 en is ~305 GB of json.gz)
+  then              tokenized in --num_proc threads, appended to train.bin / val.bin in order
+The .bin files grow under temporary names and are renamed once complete, and meta.json is removed
+before they are touched and written last, so a folder with a meta.json holds a complete dataset.
 """
 import argparse
 import hashlib
@@ -33,24 +37,24 @@ import re
 import sys
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import numpy as np
-import pyarrow.compute as pc
-from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
+from datasets import Dataset, Value, load_dataset
 from tqdm import tqdm
 
+from atomic import atomic_file
 from tokenizer import (
     EOT_TOKEN,
     GPT2_VOCAB_SIZE,
     META_FILENAME,
     TOKEN_DTYPE,
+    PrepareError,
     TokenizerUnavailableError,
     gpt2_encoding,
-    token_memmap_writer,
     write_meta,
 )
 
@@ -69,14 +73,7 @@ PRESETS = {
 }
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 COMPRESSED = ".gz"  # datasets decompresses it on the fly, streaming or not
-WRITE_BATCH_DOCS = 8192  # documents copied into the memmap at a time: ~9M tokens (18 MB) of OpenWebText
-# uint16 ids keep datasets' cache of the tokenized corpus 4x smaller than the int64 it would infer
-TOKENIZED_FEATURES = Features({"ids": List(Value("uint16")), "len": Value("int64")})
-STREAM_BATCH_DOCS = 1024  # streamed documents read, routed and tokenized as one unit: ~0.5M tokens of C4
-
-
-class PrepareError(Exception):
-    """Bad input or options; the CLI prints the message alone, without a traceback."""
+BATCH_DOCS = 1024  # documents read, routed and tokenized as one unit: ~0.5M tokens of C4, ~1.2M of OpenWebText
 
 
 # -----------------------------------------------------------------------------
@@ -224,9 +221,13 @@ def resolve_source(dataset, dataset_config=None, split="train", val_split=None):
         raise PrepareError(f"--dataset_config {dataset_config} is for hub datasets; local files have no configs")
     builder, files = local_files(path)
     options = {"data_files": files_by_split(path, files, split, val_split)}
+    description = f"{path} ({len(files)} {builder} file{'s' if len(files) > 1 else ''})"
     if builder == "text":
-        options["sample_by"] = "document"  # one row per file, not per line
-    return Source(builder, options, f"{path} ({len(files)} {builder} file{'s' if len(files) > 1 else ''})", local=True)
+        # a folder of .txt files is a corpus of one document per file; a single file is one corpus
+        # of paragraphs (datasets' text builder cuts it at every "\n\n")
+        options["sample_by"] = "document" if path.is_dir() else "paragraph"
+        description = description if path.is_dir() else f"{path} (a text file, one document per paragraph)"
+    return Source(builder, options, description, local=True)
 
 
 def describe(err):
@@ -255,150 +256,100 @@ def check_text_column(column_names, features, text_column, description):
         raise PrepareError(f"{description}: column {text_column!r} holds {feature}, not text")
 
 
-def pool_size(num_proc):
-    # None rather than 1: datasets then runs in this process and never starts a worker pool
-    return num_proc if num_proc > 1 else None
-
-
-def load_documents(source, split="train", text_column="text", max_docs=None, num_proc=1):
-    """Load one split of the documents as a datasets.Dataset and check that text_column holds text."""
-    try:
-        if max_docs is None:
-            docs = load_dataset(source.builder, split=split, num_proc=pool_size(num_proc), **source.options)
-        else:
-            # stream only the first max_docs documents instead of downloading the whole dataset
-            stream = load_dataset(source.builder, split=split, streaming=True, **source.options)
-            docs = Dataset.from_list(list(stream.take(max_docs)))
-    except Exception as err:
-        raise load_failed(source, split, err) from err
-
-    if len(docs) == 0:
-        raise PrepareError(f"{source.description}: no text (no documents)")
-    check_text_column(docs.column_names, docs.features, text_column, source.description)
-    return docs
-
-
 # -----------------------------------------------------------------------------
-# loaded runs: empty documents, train/val split, tokenizing, writing
+# documents: a list of (batches of texts, the output files they feed, route(text) -> file name)
 
 def has_text(texts):
     # None (a record without the column), "" and whitespace-only documents carry nothing to learn
     return [bool(text) and not text.isspace() for text in texts]
 
 
-def split_train_val(docs, val_fraction, seed):
-    """NanoGPT's split: a shuffled train_test_split, its "test" split renamed "val"."""
-    num_val = math.ceil(val_fraction * len(docs))  # what train_test_split(test_size=val_fraction) takes
-    if num_val >= len(docs):
-        raise PrepareError(
-            f"{len(docs)} non-empty document(s) cannot make both a train and a val split with "
-            f"--val_fraction {val_fraction}: it needs at least 2 documents and a val split smaller than the rest"
-        )
-    splits = docs.train_test_split(test_size=num_val, seed=seed, shuffle=True)
-    splits["val"] = splits.pop("test")
-    return splits
+def no_text(description, num_empty, text_column):
+    if num_empty == 0:
+        return PrepareError(f"{description}: no text (no documents)")
+    return PrepareError(f"{description}: no text (all {num_empty} document(s) in column {text_column!r} are empty)")
 
 
-def drop_empty(docs, text_column, num_proc, description):
-    """(the non-empty documents, how many were empty); PrepareError if none is left."""
+def too_few_documents(description, num_documents, val_fraction):
+    return PrepareError(
+        f"{description}: {num_documents} non-empty document(s) cannot make both a train and a val split with "
+        f"--val_fraction {val_fraction}: it needs at least 2 documents, and more the smaller val_fraction is. "
+        f"Give more documents (a single .txt file is cut into documents at its blank lines; in a folder each "
+        f".txt file is one document), or raise --val_fraction"
+    )
+
+
+def to(name):
+    """The (files, route) of a source whose documents all go to one file."""
+    return (name,), lambda text: name
+
+
+def text_batches(docs, text_column):
+    for batch in docs.select_columns([text_column]).iter(batch_size=BATCH_DOCS):
+        yield batch[text_column]
+
+
+def pool_size(num_proc):
+    # None rather than 1: datasets then runs in this process and never starts a worker pool
+    return num_proc if num_proc > 1 else None
+
+
+def load_split(source, split, text_column, max_docs, num_proc):
+    """One split of the source, materialised, without its empty documents: (docs, number of empty ones)."""
+    description = f"split {split!r} of {source.description}"
+    try:
+        if max_docs is None:
+            docs = load_dataset(source.builder, split=split, num_proc=pool_size(num_proc), **source.options)
+        else:  # stream only the first max_docs documents instead of downloading the whole dataset
+            stream = load_dataset(source.builder, split=split, streaming=True, **source.options)
+            docs = Dataset.from_list(list(stream.take(max_docs)))
+    except Exception as err:
+        raise load_failed(source, split, err) from err
+    if len(docs) == 0:
+        raise no_text(description, 0, text_column)
+    check_text_column(docs.column_names, docs.features, text_column, description)
     nonempty = docs.filter(has_text, input_columns=text_column, batched=True,
                            num_proc=pool_size(num_proc), desc="dropping empty documents")
     num_empty = len(docs) - len(nonempty)
     if len(nonempty) == 0:
-        raise PrepareError(f"{description}: no text (all {num_empty} document(s) in column {text_column!r} are empty)")
+        raise no_text(description, num_empty, text_column)
     return nonempty, num_empty
 
 
-def load_and_split(dataset, text_column="text", num_proc=1, val_fraction=0.0005, seed=2357, max_docs=None,
-                   dataset_config=None, split="train", val_split=None):
-    """Load the documents, drop the empty ones, split train/val; return (splits, number of empty documents).
+def loaded_sources(source, split, val_split, text_column, num_proc, val_fraction, seed, max_docs):
+    """The loaded run's documents, val first, and the number of empty ones dropped.
 
-    With val_split, val is that split of the source (whole, in order) and train is `split`, unshuffled;
-    otherwise `split` is divided as NanoGPT does. max_docs limits each split read.
+    Without val_split, NanoGPT's split of the non-empty documents: train_test_split(test_size=val_fraction,
+    seed=seed, shuffle=True), "test" renamed val, each side written in the order that split gives it.
     """
-    source = resolve_source(dataset, dataset_config, split, val_split)
-    return load_and_split_source(source, split, val_split, text_column, num_proc, val_fraction, seed, max_docs)
+    docs, num_empty = load_split(source, split, text_column, max_docs, num_proc)
+    if val_split is not None:
+        val, val_empty = load_split(source, val_split, text_column, max_docs, num_proc)
+        return [(text_batches(val, text_column), *to("val")), (text_batches(docs, text_column), *to("train"))], \
+            num_empty + val_empty
+    num_val = math.ceil(val_fraction * len(docs))  # what train_test_split(test_size=val_fraction) takes
+    if num_val >= len(docs):
+        raise too_few_documents(source.description, len(docs), val_fraction)
+    splits = docs.train_test_split(test_size=num_val, seed=seed, shuffle=True)
+    return [(text_batches(splits["test"], text_column), *to("val")),
+            (text_batches(splits["train"], text_column), *to("train"))], num_empty
 
-
-def load_and_split_source(source, split, val_split, text_column, num_proc, val_fraction, seed, max_docs):
-    docs, num_empty = drop_empty(load_documents(source, split, text_column, max_docs, num_proc),
-                                 text_column, num_proc, source.description)
-    if val_split is None:
-        return split_train_val(docs, val_fraction, seed), num_empty
-    val, val_empty = drop_empty(load_documents(source, val_split, text_column, max_docs, num_proc),
-                                text_column, num_proc, f"split {val_split!r} of {source.description}")
-    return DatasetDict({"train": docs, "val": val}), num_empty + val_empty
-
-
-def tokenize_batch(texts):
-    encoding = gpt2_encoding()  # cached per process
-    ids = [encoding.encode_ordinary(text) + [EOT_TOKEN] for text in texts]
-    return {"ids": ids, "len": [len(doc_ids) for doc_ids in ids]}
-
-
-def write_split(tokenized, path):
-    """Copy a tokenized split into a uint16 memmap at `path`, batch by batch; return its token count."""
-    num_tokens = pc.sum(tokenized.with_format("arrow")[:]["len"]).as_py()
-    written = 0
-    with token_memmap_writer(path, num_tokens) as arr, \
-            tqdm(total=num_tokens, unit="tok", unit_scale=True, desc=f"writing {path.name}") as progress:
-        for batch in tokenized.with_format("arrow").iter(batch_size=WRITE_BATCH_DOCS):
-            ids = pc.list_flatten(batch["ids"]).to_numpy()
-            arr[written:written + len(ids)] = ids
-            written += len(ids)
-            progress.update(len(ids))
-        assert written == num_tokens, f"wrote {written} tokens into {path}, expected {num_tokens}"
-    return num_tokens
-
-
-def tokenize_and_write(splits, out_dir, text_column="text", num_proc=1, load_from_cache_file=None):
-    """Tokenize every split with GPT-2 BPE in num_proc processes and write out_dir/<split>.bin.
-
-    Returns {split: number of tokens}. load_from_cache_file=False forces a fresh tokenization
-    (the benchmark needs that; a rerun of the real thing benefits from datasets' cache).
-    """
-    tokenized = splits.map(
-        tokenize_batch,
-        input_columns=text_column,
-        batched=True,
-        remove_columns=splits["train"].column_names,
-        features=TOKENIZED_FEATURES,
-        num_proc=pool_size(num_proc),
-        load_from_cache_file=load_from_cache_file,
-        desc="tokenizing",
-    )
-    return {split: write_split(dset, Path(out_dir) / f"{split}.bin") for split, dset in tokenized.items()}
-
-
-def prepare_loaded(source, split, val_split, out_dir, text_column, num_proc, val_fraction, seed, max_docs):
-    """The loaded (materialised) run; returns the meta.json counts."""
-    splits, num_empty = load_and_split_source(source, split, val_split, text_column, num_proc, val_fraction, seed,
-                                              max_docs)
-    start_writing(out_dir)
-    tokens = tokenize_and_write(splits, out_dir, text_column, num_proc)
-    return {"tokens": tokens, "documents": {split: len(dset) for split, dset in splits.items()},
-            "empty_documents_skipped": num_empty}
-
-
-# -----------------------------------------------------------------------------
-# streamed runs: documents are read, routed, tokenized and appended batch by batch
 
 def open_stream(source, split, text_column):
     """(batches of texts, number of empty documents before the first one with text) of one split.
 
     Reading starts here and goes on to the first document with text, so a source that cannot be read,
     has no such column or holds no text at all fails before anything is written; the rest is read lazily.
-    A text is None for a record without the column.
     """
     try:
         stream = load_dataset(source.builder, split=split, streaming=True, **source.options)
-        batches = iter(stream.iter(batch_size=STREAM_BATCH_DOCS))
+        batches = iter(stream.iter(batch_size=BATCH_DOCS))
         first = next(batches, None)
     except Exception as err:
         raise load_failed(source, split, err) from err
     description = f"split {split!r} of {source.description}"
     if first is None:
-        raise PrepareError(f"{description}: no text (no documents)")
+        raise no_text(description, 0, text_column)
     check_text_column(list(first), stream.features, text_column, description)
     texts = checked_texts(itertools.chain([first], batches), text_column, description)
     num_empty = 0
@@ -406,7 +357,7 @@ def open_stream(source, split, text_column):
         if any(has_text(batch)):
             return itertools.chain([batch], texts), num_empty
         num_empty += len(batch)
-    raise PrepareError(f"{description}: no text (all {num_empty} document(s) in column {text_column!r} are empty)")
+    raise no_text(description, num_empty, text_column)
 
 
 def checked_texts(batches, text_column, description):
@@ -445,20 +396,31 @@ def hash_router(val_fraction, seed):
     return route
 
 
+def streamed_sources(source, split, val_split, text_column, val_fraction, seed):
+    """The streamed run's documents (val first when it is its own split) and the empty ones skipped so far."""
+    if val_split is None:  # one stream, divided by a seeded hash of each document
+        batches, num_empty = open_stream(source, split, text_column)
+        return [(batches, ("train", "val"), hash_router(val_fraction, seed))], num_empty
+    # val first: it is small, and a problem with it shows before the long train stream
+    (val, val_empty), (train, train_empty) = (open_stream(source, name, text_column) for name in (val_split, split))
+    return [(val, *to("val")), (train, *to("train"))], val_empty + train_empty
+
+
+# -----------------------------------------------------------------------------
+# writing: documents are tokenized in threads and appended to the .bin files in order
+
 class TokenFile:
-    """A growing uint16 token file at path + ".tmp" that stops at its budget and becomes `path` on commit.
+    """A growing uint16 token file (an open atomic_file) that stops at its budget.
 
     The budget cuts at document boundaries: the first document that would take the file past it, and
     everything after, is left out. So a file holds at most `budget` tokens, short of it by less than
     one document, and every document in it ends with <|endoftext|>.
     """
 
-    def __init__(self, path, budget, name):
-        self.path, self.budget, self.name = Path(path), budget, name
-        self.tmp = self.path.with_name(self.path.name + ".tmp")
+    def __init__(self, file, budget, name):
+        self.file, self.budget, self.name = file, budget, name
         self.tokens = self.documents = 0
         self.full = False
-        self.file = open(self.tmp, "wb")
 
     def append(self, ids, lengths):
         """Append the documents of a batch (their ids concatenated, and their lengths) that fit."""
@@ -476,30 +438,6 @@ class TokenFile:
             self.documents += fit
         self.full = fit < len(ends) or (self.budget is not None and self.tokens >= self.budget)
         return int(ends[fit - 1]) if fit else 0
-
-    def commit(self):
-        self.file.close()
-        os.replace(self.tmp, self.path)
-
-    def discard(self):
-        self.file.close()
-        self.tmp.unlink(missing_ok=True)
-
-
-@contextmanager
-def token_files(out_dir, budgets):
-    """{split: TokenFile}; renamed into place if the block completes, deleted if anything fails (or Ctrl-C)."""
-    files = {}
-    try:
-        for split, budget in budgets.items():
-            files[split] = TokenFile(Path(out_dir) / f"{split}.bin", budget, split)
-        yield files
-    except BaseException:
-        for file in files.values():
-            file.discard()
-        raise
-    for file in files.values():  # both are complete now; the renames are the only step left
-        file.commit()
 
 
 def tokenize_groups(work):
@@ -535,7 +473,7 @@ def ordered_map(fn, items, num_threads):
 
 
 def feed(batches, files, route, num_threads, progress):
-    """Tokenize one stream's documents into the files they route to, until all are full or it ends.
+    """Tokenize one source's documents into the files they route to, until all are full or it ends.
 
     Returns the number of empty documents skipped.
     """
@@ -561,45 +499,33 @@ def feed(batches, files, route, num_threads, progress):
     return num_empty
 
 
-def check_filled(files, description, val_fraction):
-    """A hash split of few documents can leave a side empty: an error, not an empty .bin file."""
-    documents = sum(file.documents for file in files.values())
-    for split, file in files.items():
-        if file.documents == 0:
-            raise PrepareError(
-                f"{description}: no document went to {split} ({documents} non-empty document(s), --val_fraction "
-                f"{val_fraction}): a split by hash needs at least 2 documents, and more the smaller val_fraction is"
-            )
+def write_token_files(sources, out_dir, budgets, num_threads, description, val_fraction):
+    """Tokenize every source into out_dir/{train,val}.bin; return the meta.json counts (empty ones not included).
 
-
-def prepare_streamed(source, split, val_split, out_dir, text_column, num_proc, val_fraction, seed, max_tokens):
-    """The streamed run; returns the meta.json counts."""
-    if val_split is None:  # one stream, divided by a seeded hash of each document
-        plan = [(*open_stream(source, split, text_column), ("train", "val"), hash_router(val_fraction, seed))]
-    else:  # val first: it is small, and a problem with it shows before the long train stream
-        plan = [(*open_stream(source, val_split, text_column), ("val",), lambda text: "val"),
-                (*open_stream(source, split, text_column), ("train",), lambda text: "train")]
-
-    start_writing(out_dir)
+    Both files are renamed into place only if every source was written; anything failing (or Ctrl-C)
+    removes them and leaves what out_dir held before, meta.json aside.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / META_FILENAME).unlink(missing_ok=True)  # a meta.json marks a complete dataset: it goes until the end
     num_empty = 0
-    with token_files(out_dir, split_budgets(max_tokens, val_fraction)) as files, \
-            tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="tokenizing into train.bin / val.bin") as progress:
-        for batches, leading_empty, splits, route in plan:
-            fed = {name: files[name] for name in splits}
-            num_empty += leading_empty + feed(batches, fed, route, num_proc, progress)
-        check_filled(files, source.description, val_fraction)
+    with ExitStack() as stack:
+        files = {name: TokenFile(stack.enter_context(atomic_file(out_dir / f"{name}.bin", "wb")), budget, name)
+                 for name, budget in budgets.items()}
+        total = None if None in budgets.values() else sum(budgets.values())
+        progress = stack.enter_context(tqdm(total=total, unit="tok", unit_scale=True,
+                                            desc="tokenizing into train.bin / val.bin"))
+        for batches, names, route in sources:
+            num_empty += feed(batches, {name: files[name] for name in names}, route, num_threads, progress)
+        for name, file in files.items():  # a hash split of few documents can leave a side empty
+            if file.documents == 0:
+                raise too_few_documents(f"{description}: no document went to {name}",
+                                        sum(f.documents for f in files.values()), val_fraction)
     return {"tokens": {name: file.tokens for name, file in files.items()},
             "documents": {name: file.documents for name, file in files.items()},
             "empty_documents_skipped": num_empty}
 
 
 # -----------------------------------------------------------------------------
-
-def start_writing(out_dir):
-    """Called once the input has been checked: meta.json marks a complete dataset, so it goes until the end."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / META_FILENAME).unlink(missing_ok=True)
-
 
 def prepare(dataset=DEFAULT_DATASET, out_dir=None, text_column="text", num_proc=1, val_fraction=0.0005, seed=2357,
             max_docs=None, dataset_config=None, split="train", val_split=None, streaming=None, max_tokens=None):
@@ -610,16 +536,18 @@ def prepare(dataset=DEFAULT_DATASET, out_dir=None, text_column="text", num_proc=
     found later in a stream) and TokenizerUnavailableError when the GPT-2 BPE cannot be loaded.
     """
     chosen = apply_preset(dataset, out_dir, dataset_config, streaming, val_split)
-    streaming, out_dir = chosen["streaming"], Path(chosen["out_dir"])
-    check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, chosen["val_split"])
-    gpt2_encoding()  # fail now rather than after the download; forked workers inherit the loaded encoding
-    val_split = chosen["val_split"]
+    streaming, out_dir, val_split = chosen["streaming"], Path(chosen["out_dir"]), chosen["val_split"]
+    check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, val_split)
     source = resolve_source(chosen["dataset"], chosen["dataset_config"], split, val_split)
+    gpt2_encoding()  # after the paths are checked, before anything is downloaded
     if streaming:
-        counts = prepare_streamed(source, split, val_split, out_dir, text_column, num_proc, val_fraction, seed,
-                                  max_tokens)
+        sources, num_empty = streamed_sources(source, split, val_split, text_column, val_fraction, seed)
     else:
-        counts = prepare_loaded(source, split, val_split, out_dir, text_column, num_proc, val_fraction, seed, max_docs)
+        sources, num_empty = loaded_sources(source, split, val_split, text_column, num_proc, val_fraction, seed,
+                                            max_docs)
+    counts = write_token_files(sources, out_dir, split_budgets(max_tokens, val_fraction), num_proc,
+                               source.description, val_fraction)
+    counts["empty_documents_skipped"] += num_empty
     meta = {
         "tokenizer": "gpt2",
         "vocab_size": GPT2_VOCAB_SIZE,
@@ -656,7 +584,7 @@ def main(argv=None):
     parser.add_argument("--out_dir", default=None,
                         help=f"where train.bin, val.bin and meta.json go (default: {DEFAULT_OUT_DIR}, or the preset's)")
     parser.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1),
-                        help="tokenizing processes, threads when streaming (default: the cores, at most 8)")
+                        help="tokenizing threads, and datasets' loading processes (default: the cores, at most 8)")
     parser.add_argument("--val_fraction", type=float, default=0.0005,
                         help="share of documents in val.bin (without --val_split), and of --max_tokens")
     parser.add_argument("--seed", type=int, default=2357, help="seed of the train/val split")
@@ -672,5 +600,5 @@ def main(argv=None):
           f"{meta['empty_documents_skipped']:,} empty documents skipped")
 
 
-if __name__ == "__main__":  # guarded, so worker processes that import this file do not rerun it
+if __name__ == "__main__":
     main()

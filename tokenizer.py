@@ -10,20 +10,20 @@ A prepared dataset is a folder holding
                          "train_text_sha1": char_fingerprint of train.bin   (char only, optional),
                          ...any extra keys}
 
-The prepare_*.py scripts write this format with write_tokens_atomically / token_memmap_writer and
-write_meta; training and sampling read it back with read_meta and tokenizer_from_meta.
+The prepare_*.py scripts write this format (write_tokens_atomically, or atomic.py's atomic_file for a
+file that grows, then write_meta last) and raise PrepareError for input they cannot make into it;
+training and sampling read it back with read_meta and tokenizer_from_meta.
 """
 import functools
 import hashlib
 import json
 import os
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from atomic import write_text_atomic
+from atomic import atomic_file, write_text_atomic
 
 EOT_TOKEN = 50256  # GPT-2's <|endoftext|>, written after every document
 GPT2_VOCAB_SIZE = 50257
@@ -41,6 +41,11 @@ OFFLINE_HELP = (
     "    TIKTOKEN_CACHE_DIR=/some/folder python -c \"import tiktoken; tiktoken.get_encoding('r50k_base')\"\n"
     "then copy /some/folder here and export TIKTOKEN_CACHE_DIR=/path/to/that/folder."
 )
+
+
+class PrepareError(ValueError):
+    """Input that cannot be made into a dataset (no such file, no text, options that cannot work
+    together); the prepare scripts print the message alone, as one `error:` line."""
 
 
 class TokenizerUnavailableError(RuntimeError):
@@ -204,36 +209,12 @@ def tokenizer_from_meta(meta):
 # -----------------------------------------------------------------------------
 # token files
 
-@contextmanager
-def token_memmap_writer(path, num_tokens):
-    """Yield a writable uint16 memmap of num_tokens ids that becomes `path` only if the block completes.
-
-    The array lives at path + ".tmp" while it is filled; on success it is flushed and renamed over
-    `path`, on any error (or Ctrl-C) the temporary file is deleted. So a .bin file that exists is
-    always complete. Use it to fill a large file piece by piece:
-
-        with token_memmap_writer("data/x/train.bin", n) as arr:
-            arr[0:k] = first_ids
-            ...
-    """
-    if num_tokens <= 0:
-        raise ValueError(f"refusing to write an empty token file {path}")
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    arr = np.memmap(tmp, dtype=TOKEN_DTYPE, mode="w+", shape=(num_tokens,))
-    try:
-        yield arr
-        arr.flush()
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
 def write_tokens_atomically(path, ids):
-    """Write a sequence of token ids (each < 65536) to `path` as uint16, via a temporary file and a rename."""
+    """Write token ids (each < 65536) to `path` as flat uint16, whole or not at all (atomic.py)."""
     ids = np.asarray(ids)
-    if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(TOKEN_DTYPE).max):
+    if ids.size == 0:
+        raise ValueError(f"refusing to write an empty token file {path}")
+    if ids.min() < 0 or ids.max() > np.iinfo(TOKEN_DTYPE).max:
         raise ValueError(f"token ids must be in [0, 65535] to be stored as uint16 in {path}")
-    with token_memmap_writer(path, ids.size) as arr:
-        arr[:] = ids
+    with atomic_file(path, "wb") as f:
+        f.write(ids.astype(TOKEN_DTYPE).tobytes())

@@ -120,27 +120,12 @@ def test_max_docs_uses_the_first_documents(tmp_path):
 
 
 @needs_bpe
-def test_interrupted_run_leaves_no_meta_and_no_partial_bin(tmp_path, monkeypatch):
-    source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": doc} for doc in make_documents(30)])
-    out_dir = tmp_path / "out"
-    prepare(str(source), out_dir, val_fraction=0.1)
-    old_train = (out_dir / "train.bin").read_bytes()
-
-    calls = []
-
-    def flaky_flatten(ids):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt  # Ctrl-C in the middle of writing train.bin
-        return real_flatten(ids)
-
-    real_flatten = prepare_openwebtext.pc.list_flatten
-    monkeypatch.setattr(prepare_openwebtext, "WRITE_BATCH_DOCS", 5)
-    monkeypatch.setattr(prepare_openwebtext.pc, "list_flatten", flaky_flatten)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(str(source), out_dir, val_fraction=0.1, seed=1)
-    assert sorted(os.listdir(out_dir)) == ["train.bin", "val.bin"]  # no meta.json: not a complete dataset
-    assert (out_dir / "train.bin").read_bytes() == old_train  # the old complete file, untouched
+def test_a_single_text_file_is_cut_into_documents_at_blank_lines(tmp_path):
+    documents = make_documents(12)
+    paragraphs = [doc.replace("\n\n", "\n").strip() for doc in documents]  # no blank line inside one
+    source = write_file(tmp_path / "book.txt", "\n\n".join(paragraphs))
+    meta = prepare(str(source), tmp_path / "out", val_fraction=0.2)
+    check_prepared(tmp_path / "out", meta, paragraphs, num_empty=0, val_fraction=0.2)
 
 
 # -----------------------------------------------------------------------------
@@ -152,7 +137,6 @@ def no_tokenizing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("bad input must be reported before tokenizing")
     monkeypatch.setattr(prepare_openwebtext, "gpt2_encoding", lambda: None)
-    monkeypatch.setattr(prepare_openwebtext, "tokenize_and_write", fail)
     monkeypatch.setattr(prepare_openwebtext, "tokenize_groups", fail)
 
 
@@ -175,7 +159,11 @@ BAD_INPUTS = {  # case: (make the --dataset path in tmp, what the message says)
     "numbers, not text": (lambda tmp: write_jsonl(tmp / "c.jsonl", [{"text": 1}, {"text": 2}]), "not text"),
     "only empty records": (lambda tmp: write_jsonl(tmp / "c.jsonl", [{"text": ""}, {"text": " \n"}]), "no text"),
     "only empty files": (lambda tmp: write_text_folder(tmp / "corpus", ["", ""]), "no text"),
-    "one document": (lambda tmp: write_text_folder(tmp / "corpus", ["one", " "]), "at least 2 documents"),
+    "one document": (lambda tmp: write_text_folder(tmp / "corpus", ["one", " "]),
+                     "1 non-empty document.* at least 2 documents.*a single .txt file is cut into documents at "
+                     "its blank lines; in a folder each .txt file is one document"),
+    "one paragraph": (lambda tmp: write_file(tmp / "book.txt", "one paragraph,\nno blank line\n"),
+                      "a text file, one document per paragraph.*: 1 non-empty document.* at least 2 documents"),
     "empty folder": (lambda tmp: write_text_folder(tmp / "corpus", []), "holds no"),
     "mixed file types": (mixed_folder, "mixes file types"),
     "malformed json": (lambda tmp: write_file(tmp / "c.jsonl", '{"text": "a"}\n{oops\n'), "could not load"),
@@ -183,10 +171,10 @@ BAD_INPUTS = {  # case: (make the --dataset path in tmp, what the message says)
 }
 
 
-# the same cases for a streamed run, but "one document": a split by hash learns that only as it writes
+# the same cases for a streamed run, but too few documents: a split by hash learns that only as it writes
 # (test_streamed_run_of_one_document_is_an_error)
 BAD_INPUT_RUNS = [(case, False) for case in BAD_INPUTS] + \
-                 [(case, True) for case in BAD_INPUTS if case != "one document"]
+                 [(case, True) for case in BAD_INPUTS if case not in ("one document", "one paragraph")]
 RUN_IDS = [f"{case}, {'streamed' if streaming else 'loaded'}" for case, streaming in BAD_INPUT_RUNS]
 
 
@@ -222,6 +210,31 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path):
     assert result.returncode != 0
     assert "error:" in result.stderr and "its columns are: body" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_missing_path_is_reported_before_the_tokenizer_is_loaded(tmp_path, monkeypatch):
+    def unavailable():
+        raise prepare_openwebtext.TokenizerUnavailableError("no BPE")
+    monkeypatch.setattr(prepare_openwebtext, "gpt2_encoding", unavailable)
+    with pytest.raises(PrepareError, match="no such file or folder"):
+        prepare(str(tmp_path / "missing.jsonl"), tmp_path / "out")
+
+
+def test_cli_reports_a_missing_path_without_a_tokenizer_cache(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key not in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR")}
+    env["TIKTOKEN_CACHE_DIR"] = str(tmp_path / "empty_cache")  # no BPE anywhere: it must not be needed
+    command = [sys.executable, str(REPO / "prepare_openwebtext.py"), "--dataset", "/nonexistent",
+               "--out_dir", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert (result.returncode, result.stderr) == (1, "error: /nonexistent: no such file or folder\n")
+
+
+def test_help_names_the_tokenizer_cache_for_offline_use(capsys):
+    with pytest.raises(SystemExit):
+        prepare_openwebtext.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "unless TIKTOKEN_CACHE_DIR names a folder holding tiktoken's cached r50k_base file" in text
+    assert "a single .txt file is cut into documents at its blank lines" in text
 
 
 # -----------------------------------------------------------------------------
@@ -311,7 +324,7 @@ def test_streamed_hash_split_holds_the_documents_of_the_loaded_split(tmp_path):
 
 @needs_bpe
 def test_streaming_in_threads_writes_the_same_files_as_one_thread(tmp_path, monkeypatch):
-    monkeypatch.setattr(prepare_openwebtext, "STREAM_BATCH_DOCS", 4)  # many batches in flight
+    monkeypatch.setattr(prepare_openwebtext, "BATCH_DOCS", 4)  # many batches in flight
     folder = write_c4_folder(tmp_path / "c4", make_documents(50), VAL_DOCUMENTS)
     for num_proc in (1, 3):
         prepare(str(folder), tmp_path / f"threads{num_proc}", val_split="validation", streaming=True,
@@ -407,17 +420,17 @@ def test_budget_below_the_first_document_is_an_error_that_leaves_no_dataset(tmp_
 @needs_bpe
 def test_streamed_run_of_one_document_is_an_error(tmp_path):
     source = write_jsonl(tmp_path / "c.jsonl", [{"text": "one"}, {"text": " "}])
-    with pytest.raises(PrepareError, match="no document went to val .* at least 2 documents"):
+    with pytest.raises(PrepareError, match="no document went to val: 1 non-empty document.*at least 2 documents"):
         prepare(str(source), tmp_path / "out", streaming=True)
     assert os.listdir(tmp_path / "out") == []
 
 
 @needs_bpe
-@pytest.mark.parametrize("num_proc", [1, 2])
-def test_interrupted_streamed_run_leaves_no_meta_and_no_partial_bin(tmp_path, monkeypatch, num_proc):
+@pytest.mark.parametrize("streaming, num_proc", [(False, 1), (True, 1), (True, 2)])
+def test_interrupted_run_leaves_no_meta_and_no_partial_bin(tmp_path, monkeypatch, streaming, num_proc):
     folder = write_c4_folder(tmp_path / "c4", make_documents(40), VAL_DOCUMENTS)
     out_dir = tmp_path / "out"
-    prepare(str(folder), out_dir, val_split="validation", streaming=True)
+    prepare(str(folder), out_dir, val_split="validation", streaming=streaming)
     old = {name: (out_dir / name).read_bytes() for name in ("train.bin", "val.bin")}
 
     calls = []
@@ -425,21 +438,22 @@ def test_interrupted_streamed_run_leaves_no_meta_and_no_partial_bin(tmp_path, mo
     def flaky_tokenize(work):
         calls.append(1)
         if len(calls) == 4:
-            raise KeyboardInterrupt  # Ctrl-C while train.bin.tmp is being filled
+            raise KeyboardInterrupt  # Ctrl-C while train.bin's temporary file is being filled
         return real_tokenize(work)
 
     real_tokenize = prepare_openwebtext.tokenize_groups
-    monkeypatch.setattr(prepare_openwebtext, "STREAM_BATCH_DOCS", 5)
+    monkeypatch.setattr(prepare_openwebtext, "BATCH_DOCS", 5)
     monkeypatch.setattr(prepare_openwebtext, "tokenize_groups", flaky_tokenize)
     with pytest.raises(KeyboardInterrupt):
-        prepare(str(folder), out_dir, val_split="validation", streaming=True, num_proc=num_proc)
+        prepare(str(folder), out_dir, val_split="validation", streaming=streaming, num_proc=num_proc)
+    assert len(calls) >= 4  # it stopped while writing, not before (threads may have started a few more)
     assert sorted(os.listdir(out_dir)) == ["train.bin", "val.bin"]  # no meta.json, no temporary file
     assert {name: (out_dir / name).read_bytes() for name in old} == old  # the old complete files, untouched
 
 
 @needs_bpe
 def test_unreadable_data_later_in_the_stream_stops_the_run_cleanly(tmp_path, monkeypatch):
-    monkeypatch.setattr(prepare_openwebtext, "STREAM_BATCH_DOCS", 5)
+    monkeypatch.setattr(prepare_openwebtext, "BATCH_DOCS", 5)
     folder = write_c4_folder(tmp_path / "c4", make_documents(40), VAL_DOCUMENTS)
     shard = folder / "en" / "c4-train.00001-of-00002.json.gz"
     with gzip.open(shard, "at", encoding="utf-8") as file:
@@ -475,11 +489,13 @@ def test_c4_preset_streams_allenai_c4_en_into_data_c4(tmp_path, monkeypatch, cap
     assert capsys.readouterr().out.startswith(f"wrote data/c4: {meta['tokens']['train']:,} train tokens")
 
 
-def test_loaded_run_with_val_split_keeps_the_splits_apart(tmp_path, no_tokenizing):
+@needs_bpe
+def test_loaded_run_with_val_split_keeps_the_splits_apart(tmp_path):
     folder = write_c4_folder(tmp_path / "c4", make_documents(9), VAL_DOCUMENTS)
-    splits, num_empty = prepare_openwebtext.load_and_split(str(folder), val_split="validation", max_docs=4)
-    assert splits["train"]["text"] == make_documents(4) and splits["val"]["text"] == VAL_DOCUMENTS[:4]
-    assert num_empty == 0
+    meta = prepare(str(folder), tmp_path / "out", val_split="validation", max_docs=4)
+    assert read_split(tmp_path / "out" / "train.bin") == make_documents(4)  # the first 4 of each split, in order
+    assert read_split(tmp_path / "out" / "val.bin") == VAL_DOCUMENTS[:4]
+    assert meta["empty_documents_skipped"] == 0
 
 
 def single_file(tmp):
@@ -527,3 +543,9 @@ def test_cli_reports_bad_streaming_options_without_a_traceback(tmp_path):  # opt
     assert result.stderr.strip() == "error: --max_tokens needs --streaming (or a streaming preset such as " \
                                     "--dataset c4); a loaded run is limited with --max_docs"
     assert not (tmp_path / "out").exists()
+
+
+def test_both_prepare_scripts_raise_the_one_prepare_error():
+    import prepare_char
+    import tokenizer
+    assert PrepareError is prepare_char.PrepareError is tokenizer.PrepareError
