@@ -27,6 +27,10 @@ The harness's plain "acc" (summed log-likelihood on its preprocessed text) comes
 same forward passes and is reported as acc_harness. The paper's 0.31 / 0.31 / 0.30 is most likely
 acc_char_norm: see docs/hellaswag.md.
 
+The data is one JSON object per line. Each needs "ctx" (text), "endings" (4 texts) and "label"
+(0..3, or its string); the official file's "activity_label", "ctx_a" and "ctx_b" (text) are needed for
+acc_char_norm and acc_harness only: where an example lacks them, those two are reported as null.
+
 Contexts longer than the model's block size are cut from the left: of context + ending, the last
 block_size + 1 tokens are kept and the first of them only conditions (as the harness does). An
 ending longer than block_size tokens (possible with a character-level model) is scored on its last
@@ -44,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from atomic import write_text_atomic
+from atomic import atomic_file, write_text_atomic
 from checkpoint import load_model_and_tokenizer
 from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype
 
@@ -54,6 +58,8 @@ HELLASWAG_VAL_SIZE = 10042
 DEFAULT_CACHE_DIR = Path(__file__).resolve().parent / "data" / "hellaswag"
 NUM_ENDINGS = 4
 METRICS = ("acc", "acc_norm", "acc_char_norm", "acc_harness")
+HARNESS_METRICS = ("acc_char_norm", "acc_harness")  # computed from HARNESS_FIELDS
+HARNESS_FIELDS = ("activity_label", "ctx_a", "ctx_b")
 
 
 class HellaSwagError(ValueError):
@@ -66,33 +72,27 @@ class HellaSwagError(ValueError):
 def download_hellaswag(cache_dir=DEFAULT_CACHE_DIR, url=HELLASWAG_URL, timeout=60):
     """Path of the official validation jsonl in cache_dir, downloading it first if absent.
 
-    The file is written under a temporary name and renamed once complete and of the expected size
+    The file (11 MB) is written through atomic.py only once it is complete and of the expected size
     (10,042 lines), so an interrupted download is never mistaken for the data."""
-    cache_dir = Path(cache_dir)
-    path = cache_dir / HELLASWAG_FILENAME
+    path = Path(cache_dir) / HELLASWAG_FILENAME
     if path.is_file():
         return path
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as f:
-            while chunk := response.read(1 << 20):
-                f.write(chunk)
-        with open(tmp, "rb") as f:
-            n_lines = sum(1 for line in f if line.strip())
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            data = response.read()
+        n_lines = sum(1 for line in data.splitlines() if line.strip())
         if n_lines != HELLASWAG_VAL_SIZE:
             raise HellaSwagError(
                 f"downloaded {url} but it has {n_lines} examples, not {HELLASWAG_VAL_SIZE}: refusing to cache it"
             )
-        os.replace(tmp, path)
+        with atomic_file(path, "wb") as f:
+            f.write(data)
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         raise HellaSwagError(
             f"could not download HellaSwag from {url} ({type(e).__name__}: {e}). Without network, fetch "
             f"that file on another machine and pass it with --data_file path/to/{HELLASWAG_FILENAME} "
             f"(or put it at {path})"
         ) from e
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -100,9 +100,11 @@ def _check_example(example):
     """None if example has the fields scoring needs, else what is wrong."""
     if not isinstance(example, dict):
         return f"expected a JSON object, got {type(example).__name__}"
-    for key in ("ctx", "ctx_a", "ctx_b", "activity_label"):
-        if not isinstance(example.get(key), str):
-            return f'"{key}" must be a string' if key in example else f'missing "{key}"'
+    if not isinstance(example.get("ctx"), str):
+        return '"ctx" must be a string' if "ctx" in example else 'missing "ctx"'
+    wrong = next((key for key in HARNESS_FIELDS if key in example and not isinstance(example[key], str)), None)
+    if wrong:
+        return f'"{wrong}" must be a string'
     endings = example.get("endings")
     if not (isinstance(endings, list) and len(endings) == NUM_ENDINGS and all(isinstance(e, str) for e in endings)):
         return f'"endings" must be a list of {NUM_ENDINGS} strings'
@@ -135,7 +137,8 @@ def load_examples(path, limit=None):
             try:
                 example = json.loads(line)
             except json.JSONDecodeError as e:
-                raise HellaSwagError(f"{path}, line {line_number}: not valid JSON ({e.msg})") from None
+                problem = e.msg.removesuffix(" at")  # json's "Invalid control character at", its column said before
+                raise HellaSwagError(f"{path}, line {line_number}, column {e.colno}: not valid JSON: {problem}") from None
             problem = _check_example(example)
             if problem:
                 raise HellaSwagError(f"{path}, line {line_number}: not a HellaSwag example: {problem}")
@@ -160,6 +163,10 @@ def nanogpt_texts(example):
     return example["ctx"], [" " + ending for ending in example["endings"]]
 
 
+def has_harness_text(example):
+    return all(key in example for key in HARNESS_FIELDS)
+
+
 def harness_texts(example):
     """(query, [continuation x4], [character length x4]) as lm-evaluation-harness scores them."""
     query = harness_preprocess(example["activity_label"] + ": " + example["ctx_a"] + " " + example["ctx_b"].capitalize())
@@ -178,10 +185,11 @@ def _encode(tokenizer, text, example, what):
         raise HellaSwagError(f"example on line {example.get('_line', '?')}: cannot tokenize its {what}: {e}") from None
 
 
-def example_requests(example, tokenizer):
+def example_requests(example, tokenizer, harness=True):
     """The (context ids, continuation ids) pairs of one example: 4 in the NanoGPT view, 4 in the
-    harness view (duplicates are scored once). Returns (pairs, nanogpt_index, harness_index, char_lengths)
-    where the indexes map each of the 4 endings of a view to its pair."""
+    harness view if `harness` (duplicates are scored once). Returns (pairs, nanogpt_index, harness_index,
+    char_lengths) where the indexes map each of the 4 endings of a view to its pair; without the
+    harness view, harness_index and char_lengths are None."""
     pairs, index_of = [], {}
 
     def add(context_ids, continuation_ids):
@@ -191,17 +199,19 @@ def example_requests(example, tokenizer):
             pairs.append(key)
         return index_of[key]
 
-    views = []
-    ctx, conts = nanogpt_texts(example)
-    query, hconts, char_lengths = harness_texts(example)
-    for context, continuations, what in ((ctx, conts, "ctx"), (query, hconts, "harness query")):
+    views, char_lengths = [], None
+    texts = [(*nanogpt_texts(example), "ctx")]
+    if harness:
+        query, hconts, char_lengths = harness_texts(example)
+        texts.append((query, hconts, "harness query"))
+    for context, continuations, what in texts:
         context_ids = _encode(tokenizer, context, example, what)
         if not context_ids:  # nothing to condition on: start from <|endoftext|> like the harness
             if tokenizer.eot is None:
                 raise HellaSwagError(f"example on line {example.get('_line', '?')}: empty context")
             context_ids = [tokenizer.eot]
         views.append([add(context_ids, _encode(tokenizer, c, example, "ending")) for c in continuations])
-    return pairs, views[0], views[1], char_lengths
+    return pairs, views[0], views[1] if harness else None, char_lengths
 
 
 def continuation_logprobs(model, pairs, device="cpu", dtype="float32"):
@@ -244,17 +254,17 @@ def _argmax(values):
 
 
 def score_example(example, scored, nanogpt_index, harness_index, char_lengths):
-    """Per-example predictions of the four metrics from the scored pairs [(sum, n_tokens), ...]."""
+    """Per-example predictions of the metrics from the scored pairs [(sum, n_tokens), ...]; the harness
+    ones only with a harness view (harness_index not None)."""
     sums = [scored[j][0] for j in nanogpt_index]
     counts = [scored[j][1] for j in nanogpt_index]
-    hsums = [scored[j][0] for j in harness_index]
-    preds = {
-        "acc": _argmax(sums),
-        "acc_norm": _argmax([s / n for s, n in zip(sums, counts)]),
+    preds = {"acc": _argmax(sums), "acc_norm": _argmax([s / n for s, n in zip(sums, counts)])}
+    hsums = None
+    if harness_index is not None:
+        hsums = [scored[j][0] for j in harness_index]
         # an ending that preprocesses to nothing would divide by zero; count it as one character
-        "acc_char_norm": _argmax([s / max(c, 1) for s, c in zip(hsums, char_lengths)]),
-        "acc_harness": _argmax(hsums),
-    }
+        preds["acc_char_norm"] = _argmax([s / max(c, 1) for s, c in zip(hsums, char_lengths)])
+        preds["acc_harness"] = _argmax(hsums)
     return {
         "line": example.get("_line"), "label": example["label"], "pred": preds,
         "logprob_sum": sums, "n_tokens": counts, "harness_logprob_sum": hsums, "char_lengths": char_lengths,
@@ -272,14 +282,17 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
     initialised, the counts are summed over the ranks, so every rank returns the global result.
 
     Returns {"acc", "acc_norm", "acc_char_norm", "acc_harness", "n", "correct": {metric: count},
-    "n_endings_truncated"} (+ "details", this rank's per-example scores, if return_details)."""
+    "n_endings_truncated"} (+ "details", this rank's per-example scores, if return_details). The two
+    harness metrics are None, and not in "correct", unless every example has HARNESS_FIELDS."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")
+    harness = all(has_harness_text(ex) for ex in examples)  # over all examples: every rank decides alike
+    metrics = METRICS if harness else tuple(m for m in METRICS if m not in HARNESS_METRICS)
     mine = examples[rank::world_size]
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
-    correct = {m: 0 for m in METRICS}
+    correct = {m: 0 for m in metrics}
     truncated = 0
     details = []
     block_size = model.config.block_size
@@ -291,7 +304,7 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
     try:
         for start in range(0, len(mine), batch_size):
             batch = mine[start:start + batch_size]
-            requests = [example_requests(ex, tokenizer) for ex in batch]
+            requests = [example_requests(ex, tokenizer, harness) for ex in batch]
             all_pairs = [pair for req in requests for pair in req[0]]
             scored = continuation_logprobs(model, all_pairs, device, dtype)
             offset = 0
@@ -300,14 +313,14 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
                 truncated += sum(1 for (ctx, cont), (_, n) in zip(pairs, mine_scored) if n < len(cont))
                 offset += len(pairs)
                 result = score_example(ex, mine_scored, nanogpt_index, harness_index, char_lengths)
-                for m in METRICS:
+                for m in metrics:
                     correct[m] += int(result["pred"][m] == ex["label"])
                 if return_details:
                     details.append(result)
             if bar is not None:
                 bar.update(len(batch))
                 done = bar.n
-                bar.set_postfix({m: f"{correct[m] / done:.4f}" for m in ("acc", "acc_norm", "acc_char_norm")})
+                bar.set_postfix({m: f"{correct[m] / done:.4f}" for m in metrics[:3]})
     finally:
         if bar is not None:
             bar.close()
@@ -316,12 +329,12 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
 
     n = len(mine)
     if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        counts = torch.tensor([n, truncated] + [correct[m] for m in METRICS], dtype=torch.long,
+        counts = torch.tensor([n, truncated] + [correct[m] for m in metrics], dtype=torch.long,
                               device=device if torch.distributed.get_backend() == "nccl" else "cpu")
         torch.distributed.all_reduce(counts)
         n, truncated, *values = counts.tolist()
-        correct = dict(zip(METRICS, values))
-    results = {m: (correct[m] / n if n else float("nan")) for m in METRICS}
+        correct = dict(zip(metrics, values))
+    results = {m: (correct[m] / n if n else float("nan")) if m in correct else None for m in METRICS}
     results.update(n=n, correct=correct, n_endings_truncated=truncated, block_size=block_size)
     if return_details:
         results["details"] = details
@@ -384,7 +397,10 @@ def check_writable(output):
 def report(results, output):
     """Print the accuracies, then write the results JSON; printed first, they survive a failed write."""
     for m in METRICS:
-        print(f"{m:>14}: {results[m]:.4f}  ({results['correct'][m]}/{results['n']})")
+        if results[m] is None:
+            print(f"{m:>14}: n/a (needs {', '.join(HARNESS_FIELDS)} in every example)")
+        else:
+            print(f"{m:>14}: {results[m]:.4f}  ({results['correct'][m]}/{results['n']})")
     if results["n_endings_truncated"]:
         print(f"note: {results['n_endings_truncated']} endings were longer than block_size and only partly scored")
     try:

@@ -219,20 +219,55 @@ def test_load_examples_limit_and_blank_lines(tmp_path):
     ("{not json", "not valid JSON"),
     (json.dumps({**example(SET1, 0), "endings": ["a", "b"]}), '"endings" must be a list of 4 strings'),
     (json.dumps({**example(SET1, 0), "label": 7}), '"label" must be in 0..3'),
-    (json.dumps({k: v for k, v in example(SET1, 0).items() if k != "ctx_a"}), 'missing "ctx_a"'),
+    (json.dumps({k: v for k, v in example(SET1, 0).items() if k != "ctx"}), 'missing "ctx"'),
+    (json.dumps({**example(SET1, 0), "ctx_a": None}), '"ctx_a" must be a string'),
     ("[1, 2]", "expected a JSON object"),
 ])
 def test_malformed_line_names_its_line_number(tmp_path, bad_line, message):
     path = tmp_path / "hs.jsonl"
     path.write_text(json.dumps(example(SET1, 0)) + "\n\n" + bad_line + "\n")
-    with pytest.raises(eh.HellaSwagError, match=rf"line 3: .*{re.escape(message)}"):
+    with pytest.raises(eh.HellaSwagError, match=rf"line 3(, column \d+)?: .*{re.escape(message)}"):
         eh.load_examples(path)
+
+
+def test_bad_json_keeps_its_line_and_column(tmp_path):
+    path = tmp_path / "hs.jsonl"
+    path.write_text(json.dumps(example(SET1, 0)) + "\n\n" + '{"ctx": "a\tb"}\n')  # a raw tab inside a string
+    with pytest.raises(eh.HellaSwagError) as raised:
+        eh.load_examples(path)
+    assert str(raised.value) == f"{path}, line 3, column 11: not valid JSON: Invalid control character"
+
+
+def minimal(ex):
+    return {key: ex[key] for key in ("ctx", "endings", "label")}
+
+
+def test_minimal_examples_give_the_nanogpt_accuracies_and_no_harness_ones(hellaswag_file, tmp_path, capsys):
+    path = tmp_path / "minimal.jsonl"
+    path.write_text("".join(json.dumps(minimal(ex)) + "\n" for ex in eh.load_examples(hellaswag_file)))
+    tok = WordTokenizer()
+    result = eh.evaluate(StubLM(tok), eh.load_examples(path), tok, "cpu", batch_size=3)
+    assert (result["acc"], result["acc_norm"]) == (EXPECTED["acc"], EXPECTED["acc_norm"])
+    assert (result["acc_char_norm"], result["acc_harness"]) == (None, None)
+    assert result["correct"] == {"acc": 4, "acc_norm": 3}
+    eh.report(result, tmp_path / "results.json")
+    printed = capsys.readouterr().out
+    assert "acc_char_norm: n/a (needs activity_label, ctx_a, ctx_b in every example)" in printed
+    assert json.loads((tmp_path / "results.json").read_text())["acc_harness"] is None
+
+
+def test_one_minimal_example_turns_the_harness_accuracies_off(hellaswag_file, tmp_path):
+    examples = eh.load_examples(hellaswag_file)
+    examples[3] = minimal(examples[3])
+    tok = WordTokenizer()
+    result = eh.evaluate(StubLM(tok), examples, tok, "cpu")
+    assert (result["acc"], result["acc_norm"], result["acc_char_norm"]) == (EXPECTED["acc"], EXPECTED["acc_norm"], None)
 
 
 def test_download_offline_tells_to_pass_data_file(tmp_path):
     with pytest.raises(eh.HellaSwagError, match="--data_file"):
         eh.download_hellaswag(tmp_path / "cache", url="http://127.0.0.1:9/hellaswag_val.jsonl", timeout=5)
-    assert not any((tmp_path / "cache").iterdir())  # no partial file left behind
+    assert list(tmp_path.rglob("*")) in ([], [tmp_path / "cache"])  # no partial file left behind
     assert eh.HELLASWAG_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
 
 
@@ -315,6 +350,7 @@ def test_every_variant_from_a_checkpoint(tmp_path, hellaswag_file, attention):
     assert json.loads(output.read_text())["settings"]["attention"] == attention
 
 
+@pytest.mark.slow
 def test_cli_errors_are_messages_not_tracebacks(tmp_path, hellaswag_file, capsys):
     assert eh.main(["--out_dir", str(tmp_path / "nothing"), "--data_file", str(hellaswag_file)]) == 1
     assert "no checkpoint" in capsys.readouterr().err
@@ -362,6 +398,7 @@ def test_a_failed_write_keeps_the_printed_results(tmp_path, hellaswag_file, caps
     assert not output.exists()
 
 
+@pytest.mark.slow
 def test_ddp_splits_examples_and_sums_counts(tmp_path, hellaswag_file):
     model = tiny_gpt("optimized")
     save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(),
