@@ -1,9 +1,16 @@
 """
-Where and in what precision a model runs: device and dtype choice ('auto' included), autocast, and
-the peak FLOP/s that MFU is measured against. Shared by train.py, sample.py, eval_hellaswag.py and
-the benchmarks, so that 'auto' means the same thing everywhere.
+Where and in what precision a model runs: device and dtype choice ('auto' included), autocast, the
+peak FLOP/s that MFU is measured against, the CPU threads, and the process-level pieces of a run
+(stop signals, peak memory). Shared by train.py, sample.py, eval_hellaswag.py and the benchmarks, so
+that 'auto' means the same thing everywhere.
 """
 import contextlib
+import os
+import resource
+import signal
+import sys
+import threading
+import time
 
 import torch
 
@@ -87,3 +94,83 @@ def peak_flops(setting, device):
     if torch.device(device).type != "cuda":
         return None
     return gpu_peak_flops(torch.cuda.get_device_name(device))
+
+
+def peak_memory_bytes(device):
+    """Peak allocated GPU memory, or on CPU the process's peak resident memory."""
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+class StopSignals:
+    """Turn SIGINT/SIGTERM into a flag (`received`) that the training loop checks after each step, so
+    that it stops after a checkpoint. A second Ctrl-C stops at once. Main thread only."""
+
+    def __init__(self):
+        self.received = None
+        self.previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+class CpuThreads:
+    """torch's threads on CPU, kept to the cores that other processes leave free.
+
+    torch's OpenMP threads spin while they wait for each other at the end of every parallel op. With
+    one thread per core and another process busy on one core, the thread that shares that core is
+    descheduled while the others spin for it, and a step takes 3-20x longer (docs/training.md,
+    "Training on a busy CPU"); with one thread fewer it takes about as long as the lost core costs.
+    So the load of the other processes is measured from /proc/stat (all busy time minus this
+    process's own CPU time, over the wall time between two readings) and the thread count follows the
+    cores they leave free, never above torch's own default. `num_threads` > 0 fixes the count instead; off Linux, or on a
+    GPU, nothing changes. At the model sizes of the CPU configs a step's numbers do not depend on the
+    thread count (a test checks it), so a changing count leaves training reproducible."""
+
+    def __init__(self, num_threads=0, device="cpu", interval=1.0):
+        self.adaptive = (num_threads == 0 and torch.device(device).type == "cpu"
+                         and os.path.exists("/proc/stat"))
+        self.most = torch.get_num_threads()
+        self.interval = interval
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        if self.adaptive:
+            self.mark = self._reading()
+            time.sleep(0.1)  # a first reading of the load before the first step
+            self.adjust(force=True)
+
+    @staticmethod
+    def _reading():
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+        busy = sum(ticks) - ticks[3] - ticks[4]  # all time but idle and iowait
+        own = sum(os.times()[:2])
+        return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own
+
+    def adjust(self, force=False):
+        """Set the thread count from the load since the last reading (at most once per interval)."""
+        if not self.adaptive or (not force and time.monotonic() - self.mark[0] < self.interval):
+            return
+        now = self._reading()
+        wall = now[0] - self.mark[0]
+        others = max(0.0, (now[1] - self.mark[1]) - (now[2] - self.mark[2])) / wall  # cores other processes used
+        self.mark = now
+        free = (os.cpu_count() or 1) - others  # /proc/stat counts every core of the machine
+        threads = max(1, min(self.most, round(free)))
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)

@@ -1,0 +1,234 @@
+"""
+Training configuration, as in NanoGPT: the defaults below, then any config files named on the command
+line (plain Python, executed in order), then `--key=value` overrides parsed as Python literals.
+Unlike NanoGPT, an unknown key or a value of the wrong type stops with an error naming the key and
+the expected type, and resolve_config checks the values before anything trains.
+
+Each key has its default, a one-line meaning and, where the values are a fixed set, its choices, all
+in SETTINGS: `python train.py --help` prints that table. The model's keys take their defaults from
+model.GPTConfig, which also checks their values.
+"""
+
+import ast
+import difflib
+import math
+from dataclasses import fields
+from pathlib import Path
+from typing import NamedTuple
+
+from model import ATTENTION_VARIANTS, MLPS, NORMS, POSITIONS, PRETRAINED_GPT2, GPTConfig
+from runtime import DTYPES
+
+
+class ConfigError(ValueError):
+    """An unknown config key, a value of the wrong type, or a value out of range."""
+
+
+class Setting(NamedTuple):
+    default: object
+    meaning: str
+    choices: tuple = ()
+
+
+MODEL_ARG_KEYS = tuple(f.name for f in fields(GPTConfig))  # what a checkpoint's model_args hold
+_MODEL = {f.name: f.default for f in fields(GPTConfig)}
+
+# The defaults train a GPT-2 (124M) on OpenWebText, as NanoGPT's do.
+SETTINGS = {
+    # I/O
+    "out_dir": Setting("out", "folder for ckpt.pt, log.jsonl and summary.json"),
+    "eval_interval": Setting(2000, "evaluate (and checkpoint) every this many iterations, and at the end"),
+    "log_interval": Setting(1, "print and log the training loss every this many iterations"),
+    "eval_iters": Setting(200, "batches per split for each loss estimate"),
+    "eval_only": Setting(False, "evaluate once and exit"),
+    "always_save_checkpoint": Setting(True, "checkpoint at every evaluation; False: only when val loss improves "
+                                            "(and on SIGINT/SIGTERM)"),
+    "init_from": Setting("scratch", "'resume' continues out_dir's checkpoint (give the same config again); "
+                                    "'gpt2*' starts from OpenAI's weights", ("scratch", "resume", *PRETRAINED_GPT2)),
+    # logging
+    "wandb_log": Setting(False, "also log to Weights & Biases (pip install wandb)"),
+    "wandb_project": Setting("owt", "wandb project name"),
+    "wandb_run_name": Setting("gpt2", "wandb run name"),
+    # data
+    "dataset": Setting("openwebtext", "the folder data/<dataset> (from prepare_char.py or prepare_openwebtext.py)"),
+    "data_dir": Setting("", "the data folder itself (train.bin, val.bin, meta.json); '' means data/<dataset>"),
+    "gradient_accumulation_steps": Setting(5 * 8, "micro-batches per optimizer step, over all DDP processes"),
+    "batch_size": Setting(12, "sequences per micro-batch (per process)"),
+    # model: the GPTConfig fields, GPT-2 124M's shape
+    "block_size": Setting(_MODEL["block_size"], "context length in tokens (super's W^A is block_size^2)"),
+    "vocab_size": Setting(0, "0: from meta.json (GPT-2's 50257 padded up to 50304)"),
+    "n_layer": Setting(_MODEL["n_layer"], "transformer blocks"),
+    "n_head": Setting(_MODEL["n_head"], "attention heads; must divide n_embd"),
+    "n_embd": Setting(_MODEL["n_embd"], "model width d"),
+    "dropout": Setting(_MODEL["dropout"], "dropout probability, in [0, 1)"),
+    "bias": Setting(False, "biases in Linear layers and norms (GPT-2 has them; NanoGPT trains without)"),
+    "attention": Setting(_MODEL["attention"], "the attention variant (README: the four variants)",
+                         ATTENTION_VARIANTS),
+    "gelu_approximate": Setting(_MODEL["gelu_approximate"], "exact GELU, or GPT-2's tanh approximation",
+                                ("none", "tanh")),
+    "norm": Setting(_MODEL["norm"], "LayerNorm (GPT-2) or RMSNorm (Llama)", NORMS),
+    "pos": Setting(_MODEL["pos"], "learned position table (GPT-2) or rotary embeddings (Llama)", POSITIONS),
+    "rope_theta": Setting(_MODEL["rope_theta"], "RoPE's base, with pos='rope'"),
+    "mlp": Setting(_MODEL["mlp"], "4x GELU MLP (GPT-2) or SwiGLU (Llama; set intermediate_size)", MLPS),
+    "intermediate_size": Setting(_MODEL["intermediate_size"], "the MLP's hidden width; 0 = 4 * n_embd"),
+    "tie_embeddings": Setting(_MODEL["tie_embeddings"], "the output head shares the token embedding"),
+    "n_kv_head": Setting(_MODEL["n_kv_head"], "key/value heads of standard attention (grouped-query); 0 = n_head"),
+    # AdamW
+    "learning_rate": Setting(6e-4, "peak learning rate"),
+    "max_iters": Setting(600000, "optimizer steps in total"),
+    "weight_decay": Setting(1e-1, "AdamW weight decay of matrices and embeddings"),
+    "beta1": Setting(0.9, "AdamW beta1"),
+    "beta2": Setting(0.95, "AdamW beta2"),
+    "grad_clip": Setting(1.0, "clip gradients at this global norm; 0 disables"),
+    # learning rate schedule: linear warmup, then cosine decay to min_lr
+    "decay_lr": Setting(True, "warmup and cosine decay; False: a constant learning_rate"),
+    "warmup_iters": Setting(2000, "linear warmup steps"),
+    "lr_decay_iters": Setting(600000, "the step where the cosine reaches min_lr; usually max_iters"),
+    "min_lr": Setting(6e-5, "the final learning rate; usually learning_rate / 10"),
+    # system
+    "backend": Setting("auto", "DDP backend; 'auto' is nccl on GPU, gloo on CPU", ("auto", "nccl", "gloo")),
+    "parallelism": Setting("ddp", "under torchrun: a full replica per process, or FSDP2 shards (distributed.py)",
+                           ("ddp", "fsdp")),
+    "activation_checkpointing": Setting(False, "recompute each block's activations in backward: less memory, "
+                                               "about 1/3 more compute"),
+    "device": Setting("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'"),
+    "dtype": Setting("auto", "'auto': bfloat16 (else float16) on GPU, float32 on CPU", ("auto", *DTYPES)),
+    "compile": Setting(True, "torch.compile the model (needs a C/C++ compiler on CPU)"),
+    "num_threads": Setting(0, "torch threads per process on CPU; 0: runtime.py's choice (see docs/training.md)"),
+    "seed": Setting(1337, "seed of the initialisation, the batches and dropout"),
+    "peak_flops": Setting("auto", "MFU's denominator in FLOP/s; 'auto': the GPU's dense bf16 peak, none on CPU"),
+    # HellaSwag during training (needs a GPT-2-tokenized model)
+    "hellaswag_interval": Setting(0, "score HellaSwag every this many iterations; 0 = off"),
+    "hellaswag_file": Setting("", "the HellaSwag jsonl file (docs/hellaswag.md)"),
+    "hellaswag_limit": Setting(0, "examples to score; 0 = all in the file"),
+    "hellaswag_batch_size": Setting(8, "examples per forward pass"),
+}
+DEFAULT_CONFIG = {key: setting.default for key, setting in SETTINGS.items()}
+assert set(MODEL_ARG_KEYS) <= set(DEFAULT_CONFIG), "every GPTConfig field is a config key"
+
+
+def help_text():
+    lines = []
+    for key, (default, meaning, choices) in SETTINGS.items():
+        options = f" [{' | '.join(choices)}]" if choices else ""
+        lines.append(f"  --{key}={default!r}\n      {meaning}{options}")
+    return "\n".join(lines)
+
+
+def _unknown_key(key, defaults, where=""):
+    close = difflib.get_close_matches(key, defaults, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(f"unknown config key {key!r}{where}; {hint}known keys: {', '.join(sorted(defaults))}")
+
+
+def check_value(key, value, defaults=DEFAULT_CONFIG):
+    """Return value, coerced where lossless (an int where a float is expected), or raise ConfigError."""
+    if key not in defaults:
+        raise _unknown_key(key, defaults)
+    expected = type(defaults[key])
+    if expected is float and type(value) is int:
+        return float(value)
+    if key == "peak_flops" and type(value) in (int, float):
+        return float(value)  # a number, or the default 'auto'
+    if type(value) is not expected:
+        raise ConfigError(f"config key {key!r} expects a value of type {expected.__name__}, "
+                          f"got {value!r} of type {type(value).__name__}")
+    return value
+
+
+def parse_override(arg, defaults=DEFAULT_CONFIG):
+    """Parse one `--key=value` argument; the value is a Python literal (strings may go unquoted)."""
+    if "=" not in arg:
+        raise ConfigError(f"cannot parse {arg!r}: write overrides as --key=value")
+    key, raw = arg[2:].split("=", 1)
+    if key not in defaults:
+        raise _unknown_key(key, defaults, f" in {arg!r}")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw  # a bare word such as --attention=efficient
+    if isinstance(defaults[key], str) and not isinstance(value, str):
+        value = raw  # e.g. --wandb_run_name=2024 stays the string '2024'
+    return key, check_value(key, value, defaults)
+
+
+def read_config_file(path, defaults=DEFAULT_CONFIG):
+    """Execute a plain-Python config file and return the settings it defines (names without a
+    leading underscore that are not modules, functions or classes)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    namespace = {}
+    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+    settings = {}
+    for key, value in namespace.items():
+        if key.startswith("_") or callable(value) or type(value).__name__ == "module":
+            continue
+        try:
+            settings[key] = check_value(key, value, defaults)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+    return settings
+
+
+def get_config(argv, defaults=DEFAULT_CONFIG):
+    """The effective config: defaults, then config files, then --key=value overrides, in order."""
+    config = dict(defaults)
+    for arg in argv:
+        if arg.startswith("--"):
+            key, value = parse_override(arg, defaults)
+            config[key] = value
+        else:
+            config.update(read_config_file(arg, defaults))
+    return config
+
+
+def resolve_config(config):
+    """Fill in defaults for keys not given, check every key and type, and check the values that
+    training owns (GPTConfig checks the model's)."""
+    c = dict(DEFAULT_CONFIG)
+    for key, value in config.items():
+        c[key] = check_value(key, value)
+
+    def bad(key, problem):
+        return ConfigError(f"config key {key!r}={c[key]!r}: {problem}")
+
+    for key in ("batch_size", "gradient_accumulation_steps", "log_interval", "eval_interval", "eval_iters"):
+        if c[key] < 1:
+            raise bad(key, "must be at least 1")
+    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "num_threads", "hellaswag_interval",
+                "hellaswag_limit", "vocab_size"):
+        if c[key] < 0:
+            raise bad(key, "must not be negative")
+    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
+        if c[key] < 0 or not math.isfinite(c[key]):
+            raise bad(key, "must be a finite non-negative number")
+    for key, setting in SETTINGS.items():
+        if setting.choices and key not in MODEL_ARG_KEYS and c[key] not in setting.choices:
+            raise bad(key, f"choose one of {', '.join(map(repr, setting.choices))}")
+    if c["peak_flops"] != "auto" and not (math.isfinite(c["peak_flops"]) and c["peak_flops"] > 0):
+        raise bad("peak_flops", "must be 'auto' or a positive number of FLOP/s, e.g. 989e12")
+    if c["parallelism"] == "fsdp" and c["dtype"] == "float16":
+        raise bad("dtype", "FSDP trains in float32 or bfloat16 (no fp16 loss scaling of sharded gradients)")
+    if c["parallelism"] == "fsdp" and c["hellaswag_interval"]:  # it runs on rank 0 alone, FSDP needs every rank
+        raise bad("hellaswag_interval", "HellaSwag during FSDP training is not supported: set it to 0 and run "
+                  "eval_hellaswag.py on the consolidated ckpt.pt")
+    if c["decay_lr"] and c["lr_decay_iters"] <= c["warmup_iters"]:
+        raise bad("lr_decay_iters", f"must exceed warmup_iters={c['warmup_iters']} when decay_lr is on")
+    if c["hellaswag_interval"] and not c["hellaswag_file"]:
+        raise bad("hellaswag_file", "hellaswag_interval is on, so name a HellaSwag jsonl file")
+    _check_model(c)
+    return c
+
+
+def _check_model(c):
+    """GPTConfig checks the model keys (vocab_size comes from the data later, so a stand-in here), and
+    pretrained GPT-2 weights exist for standard attention only."""
+    try:
+        GPTConfig(**{k: c[k] for k in MODEL_ARG_KEYS if k != "vocab_size"})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if c["init_from"] in PRETRAINED_GPT2 and c["attention"] != "standard":
+        raise ConfigError(f"init_from={c['init_from']!r} loads OpenAI's GPT-2 weights, which exist for standard "
+                          f"attention only, not attention={c['attention']!r}: use init_from='scratch' for the "
+                          f"{c['attention']} variant")

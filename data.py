@@ -1,0 +1,141 @@
+"""
+The training data contract and the batches. A dataset folder holds train.bin and val.bin (uint16
+token ids, as NanoGPT writes them) and meta.json (tokenizer.py: the tokenizer, the vocabulary size
+and each split's token count). check_data reads all three before anything trains and stops with a
+DataError where they do not belong together; Batches draws random windows from a token file.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model import PRETRAINED_GPT2
+from tokenizer import TOKEN_DTYPE, char_fingerprint, read_meta
+
+
+class DataError(ValueError):
+    """Training data that is missing, empty, too short, or does not fit the model."""
+
+
+def _token_file(data_dir, split):
+    path = Path(data_dir) / f"{split}.bin"
+    if not path.is_file():
+        raise DataError(f"{path} not found: prepare the dataset first (e.g. python prepare_char.py)")
+    size = path.stat().st_size
+    if size == 0:
+        raise DataError(f"{path} is empty: prepare the dataset again")
+    if size % 2:
+        raise DataError(f"{path} has an odd number of bytes, so it is not a uint16 token file")
+    return path
+
+
+def _max_token(path, limit=1 << 28, chunk=1 << 24):
+    """The largest token id in a uint16 file, or None when the file is too large to scan quickly."""
+    data = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
+    if len(data) > limit:
+        return None
+    return max(int(data[i:i + chunk].max()) for i in range(0, len(data), chunk))
+
+
+def check_data(data_dir, block_size):
+    """Check train.bin, val.bin and meta.json before anything trains; return (meta, n_tokens, max_token)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"data folder {data_dir} not found: prepare the dataset first (e.g. python prepare_char.py)")
+    paths = {split: _token_file(data_dir, split) for split in ("train", "val")}
+    try:
+        meta = read_meta(data_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise DataError(str(e)) from None
+    n_tokens, scanned = {}, {}
+    for split, path in paths.items():
+        n = path.stat().st_size // 2
+        if n < block_size + 1:
+            raise DataError(
+                f"{path} holds {n} tokens, fewer than block_size + 1 = {block_size + 1}: a training example "
+                f"needs block_size inputs plus one target. Use a smaller block_size or more data"
+            )
+        n_tokens[split] = n
+        scanned[split] = _max_token(path)
+    check_meta_fits_data(meta, paths, n_tokens, scanned)
+    max_token = max(meta["vocab_size"] - 1 if m is None else m for m in scanned.values())
+    return meta, n_tokens, max_token
+
+
+def check_meta_fits_data(meta, paths, n_tokens, scanned):
+    """Stop before training when meta.json describes other data than the token files hold: other
+    token counts, ids beyond its vocabulary, GPT-2 BPE that uses byte ids only (character data), or
+    (character data prepared with a fingerprint) "chars" that no longer spell the prepared text.
+    `scanned` is each split's largest id, None where the file was too large to scan."""
+    meta_path = paths["train"].parent / "meta.json"
+    again = "the data and meta.json do not belong together; prepare the dataset again"
+    for split, path in paths.items():
+        if n_tokens[split] != meta["tokens"][split]:
+            raise DataError(f"{path} holds {n_tokens[split]:,} tokens, but {meta_path} says "
+                            f"{meta['tokens'][split]:,}: {again}")
+    known = [m for m in scanned.values() if m is not None]
+    if known and max(known) >= meta["vocab_size"]:
+        raise DataError(f"{meta_path.parent} holds token id {max(known)}, but its meta.json says "
+                        f"vocab_size={meta['vocab_size']}: {again}")
+    if meta["tokenizer"] == "gpt2" and len(known) == len(scanned) and max(known) < 256:
+        raise DataError(f"{meta_path} says the GPT-2 BPE made this data, but no token id is above {max(known)}, "
+                        f"while BPE text uses ids far above 255 (' the' is 262): this looks like character-level "
+                        f"data, so {again}")
+    fingerprint = meta.get("train_text_sha1")
+    if meta["tokenizer"] == "char" and fingerprint and scanned["train"] is not None:
+        ids = np.memmap(paths["train"], dtype=TOKEN_DTYPE, mode="r")
+        if char_fingerprint(ids, meta["chars"]) != fingerprint:
+            raise DataError(f"the \"chars\" of {meta_path} do not spell the text {paths['train']} was prepared "
+                            f"from (its train_text_sha1 differs): the characters were reordered or belong to "
+                            f"other data; {again}")
+
+
+class Batches:
+    """Random (x, y) windows from a uint16 token file.
+
+    Training batches come from one torch.Generator seeded identically on every rank: each iteration
+    draws the start offsets of all its gradient_accumulation_steps * batch_size sequences at once,
+    and rank r takes its contiguous share of the micro-batches. So the global sequence of
+    micro-batches is the same whatever the number of ranks, and the generator's state, saved in
+    the checkpoint, is all an exact resume needs."""
+
+    def __init__(self, path, block_size, batch_size, device):
+        self.path, self.block_size, self.batch_size, self.device = path, block_size, batch_size, device
+        self.n = Path(path).stat().st_size // 2
+
+    def offsets(self, n_micro, generator):
+        return torch.randint(self.n - self.block_size, (n_micro, self.batch_size), generator=generator)
+
+    def get(self, ix):
+        # a fresh memmap per batch, as NanoGPT does, avoids a slow memory growth on huge files
+        data = np.memmap(self.path, dtype=TOKEN_DTYPE, mode="r")
+        T = self.block_size
+        rows = np.stack([data[i:i + T + 1] for i in ix.tolist()]).astype(np.int64)
+        xy = torch.from_numpy(rows)
+        x, y = xy[:, :-1], xy[:, 1:]
+        if self.device.startswith("cuda"):
+            x = x.pin_memory().to(self.device, non_blocking=True)
+            y = y.pin_memory().to(self.device, non_blocking=True)
+        elif self.device != "cpu":
+            x, y = x.to(self.device), y.to(self.device)
+        return x, y
+
+
+def choose_vocab_size(c, meta, max_token, data_dir):
+    if c["init_from"] in PRETRAINED_GPT2:
+        if meta["tokenizer"] != "gpt2":
+            raise DataError(f"init_from={c['init_from']!r} needs GPT-2 BPE data, but {data_dir} is {meta['tokenizer']}-level")
+        vocab_size = 50257
+    elif c["vocab_size"]:
+        vocab_size = c["vocab_size"]
+    else:
+        vocab_size = meta["vocab_size"]
+        if meta["tokenizer"] == "gpt2":
+            vocab_size = (vocab_size + 63) // 64 * 64  # 50257 -> 50304, as NanoGPT, for faster matmuls
+    if vocab_size <= max_token:
+        raise DataError(
+            f"vocab_size={vocab_size} is too small for the data in {data_dir}: its largest token id is "
+            f"{max_token}, so vocab_size must be at least {max_token + 1}"
+        )
+    return vocab_size

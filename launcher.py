@@ -1,0 +1,85 @@
+"""
+`python train.py --standalone --nproc_per_node=N ...`: torchrun's own launcher (torch's elastic
+agent) run inside train.py's process, with one difference. torchrun turns a SIGINT or SIGTERM it
+receives into a SignalException, a traceback and exit status 1, whatever the training processes
+did; this launcher passes the signal to them instead, they finish their step, save and exit 0, and
+then it exits 0 too, so that a scheduler or a shell script can tell a clean stop from a failure.
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+class LaunchError(RuntimeError):
+    """A training process started by `python train.py --nproc_per_node=N ...` failed."""
+
+
+def split_launcher_args(argv, config_keys):
+    """(torchrun's options, train.py's arguments) of one command line, or None when it holds no
+    torchrun option. Launcher options are written --name=value (or a bare flag), as config overrides
+    are; an option that is neither a config key nor torchrun's stays with train.py's arguments, whose
+    parser names the unknown key."""
+    from torch.distributed.run import get_args_parser
+
+    candidates = [a for a in argv if a.startswith("--") and a[2:].split("=", 1)[0] not in config_keys]
+    if not candidates:
+        return None
+    parser = get_args_parser()
+    for arg in candidates:  # "x x": a script and one argument, unless the option takes the first as its value
+        if "=" not in arg and parser.parse_known_args([arg, "x", "x"])[0].training_script_args != ["x"]:
+            raise LaunchError(f"write the launcher option {arg} with its value, as {arg}=VALUE, so that no "
+                              f"value is taken for a config file")
+    _, unknown = parser.parse_known_args([*candidates, "x"])  # what torchrun does not know stays with train.py
+    launcher = [a for a in candidates if a not in unknown]
+    return (launcher, [a for a in argv if a not in launcher]) if launcher else None
+
+
+def child_pids(parent):
+    """The pids of the processes whose parent is `parent`, from Linux's /proc: for the launcher, the
+    training processes torch's elastic agent started (each in a session of its own)."""
+    pids = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = stat_file.read_text().rsplit(")", 1)[1].split()[1]  # after "pid (name) state"
+        except (OSError, IndexError):
+            continue  # the process ended meanwhile
+        if ppid == str(parent):
+            pids.append(int(stat_file.parent.name))
+    return pids
+
+
+def _pass_signal_to_workers(signum, frame):
+    pids = child_pids(os.getpid())
+    if not pids:  # no training process yet: nothing to save, stop at once
+        raise SystemExit(128 + signum)
+    print(f"launcher: received {signal.Signals(signum).name}, passing it to the {len(pids)} training process(es)",
+          file=sys.stderr, flush=True)
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def launch(launcher_args, script, script_args):
+    """Run `script` under torch's elastic agent in this process, passing SIGINT and SIGTERM to the
+    training processes. Returns 0, or raises LaunchError naming the ranks that failed."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import main as torchrun_main
+
+    if Path("/proc/self/stat").exists():  # how the workers are found to pass them a signal
+        # torch's agent would otherwise install its own handlers for these two
+        _, unknown = get_args_parser().parse_known_args(["--signals-to-handle=SIGHUP,SIGQUIT", "x"])
+        if not unknown:  # an option of torch >= 2.6
+            launcher_args = [*launcher_args, "--signals-to-handle=SIGHUP,SIGQUIT"]
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _pass_signal_to_workers)
+    try:
+        torchrun_main([*launcher_args, str(script), *script_args])
+    except ChildFailedError as e:
+        codes = ", ".join(f"rank {rank} exit code {f.exitcode}" for rank, f in sorted(e.failures.items()))
+        raise LaunchError(f"a training process failed ({codes}); its messages are above") from None
+    return 0
