@@ -100,7 +100,7 @@ def load_checkpoint(path, map_location="cpu"):
         raise CheckpointError(
             f"no checkpoint at {path}: pass the out_dir of a training run (it holds {CHECKPOINT_NAME}) or the file itself"
         )
-    checkpoint = _read(path, map_location)
+    checkpoint = read_checkpoint_file(path, map_location)
     missing = {"model_args", "model"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model_args", "model"}
     if missing:
         raise CheckpointError(f"{path} is not a checkpoint of this repo: it lacks {sorted(missing)}")
@@ -112,9 +112,10 @@ def load_checkpoint(path, map_location="cpu"):
     return checkpoint
 
 
-def _read(path, map_location):
+def read_checkpoint_file(path, map_location="cpu"):
     """torch.load(weights_only=True), with messages that say what the file is instead of torch's
-    (whose advice to pass weights_only=False would run any code a pickle holds)."""
+    (whose advice to pass weights_only=False would run any code a pickle holds). The one reader of
+    every file a run writes with save_checkpoint: ckpt.pt and the sharded checkpoint's train_state.pt."""
     not_ours = f"cannot read checkpoint {path}: it is not a checkpoint of this repo"
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"{not_ours}: it is not a torch.save archive (a truncated copy, or another kind of file)")

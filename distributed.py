@@ -12,11 +12,14 @@ is then two things in out_dir, written at the same evaluation:
     ckpt.pt         the consolidated export in the single-process format (the full model gathered
                     on rank 0, model_args, meta, config, iter_num; no optimizer): what sample.py,
                     eval_hellaswag.py and checkpoint.load_model_and_tokenizer read
-The folder is written as ckpt_sharded.tmp and renamed into place only when every rank has
-finished, so a crash leaves the previous complete folder (docs/training.md, "Sharded training").
+The folder is written as ckpt_sharded.tmp and renamed into place once every rank has finished and
+train_state.pt, written last, marks it complete; a crash at any moment, even a second one during the
+next save, leaves the newest complete folder under one of three names (settle_shards), where a resume
+finds it (docs/training.md, "Sharded training").
 """
 
 import ctypes
+import gc
 import os
 import shutil
 import signal
@@ -28,7 +31,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, lock_out_dir, read_checkpoint_file,
+                        save_checkpoint)
 
 PARALLELISMS = ("ddp", "fsdp")
 SHARDED_NAME = "ckpt_sharded"  # the folder in out_dir
@@ -37,6 +41,51 @@ TRAIN_STATE_NAME = "train_state.pt"  # inside it, beside the shards
 
 # -----------------------------------------------------------------------------
 # the processes
+
+def setup():
+    """(ddp, rank, local_rank, world_size). Under torchrun (RANK set) the DDP path is taken even with
+    one process, as NanoGPT does."""
+    if int(os.environ.get("RANK", -1)) == -1:
+        return False, 0, 0, 1
+    return True, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def init_process_group(backend):
+    """Create the default process group, importing torch._dynamo first. DDP imports it anyway, and
+    with it torch.distributed.nn.functional, whose functions take `group=group.WORLD` as a default
+    argument: imported after the group exists, those defaults hold the group for the life of the
+    process, destroy_process_group cannot free it, and gloo's threads still run while the
+    interpreter shuts down ("terminate called without an active exception", now and then, at exit)."""
+    import torch._dynamo  # noqa: F401
+
+    dist.init_process_group(backend=backend)
+
+
+def teardown(run_state):
+    """Free the process group now, while the interpreter is whole: drop what the run holds (the
+    attributes of run_state: DDP's reducer and FSDP's sharded parameters hold the group), collect
+    whatever cycle may still hold it, then destroy it, which joins gloo's threads."""
+    vars(run_state).clear()
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def gather_rng_state(generator, device, launched):
+    """The RNG state a checkpoint holds: the batch generator's, and the torch (and CUDA) dropout
+    stream of every rank, gathered from all of them when launched (a collective), so that a resume
+    under DDP or FSDP continues each rank's stream exactly."""
+    on_cuda = torch.device(device).type == "cuda"
+    state = {"batches": generator.get_state(), "torch": [torch.get_rng_state()]}
+    if on_cuda:
+        state["cuda"] = [torch.cuda.get_rng_state(device)]
+    if launched:
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, {k: v for k, v in state.items() if k != "batches"})
+        state["torch"] = [g["torch"][0] for g in gathered]
+        if on_cuda:
+            state["cuda"] = [g["cuda"][0] for g in gathered]
+    return state
+
 
 def stop_with_launcher():
     """Have the kernel send this training process SIGTERM when its launcher (torchrun's agent, the
@@ -49,6 +98,25 @@ def stop_with_launcher():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the launcher died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def claim_out_dir(out_dir, launched):
+    """Every rank, once the process group exists: rank 0 takes out_dir's lock (checkpoint.lock_out_dir)
+    and tells the others whether it got it, so that a run that finds out_dir in use stops on every
+    rank, with one error line (rank 0's), instead of leaving ranks to fail in their next collective.
+    Returns the lock file on rank 0 (keep it open for the run's life), None on the other ranks."""
+    rank = dist.get_rank() if launched else 0
+    lock, error = None, [None]
+    if rank == 0:
+        try:
+            lock = lock_out_dir(out_dir)
+        except CheckpointError as e:
+            error = [str(e)]
+    if launched:
+        dist.broadcast_object_list(error, src=0)
+    if error[0] is not None:
+        refuse(str, error[0])
+    return lock
 
 
 # -----------------------------------------------------------------------------
@@ -148,8 +216,8 @@ def write_shards(model, optimizer, out_dir):
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     _, tmp, _ = _folders(out_dir)
-    if dist.get_rank() == 0:  # left by a crash while saving
-        shutil.rmtree(tmp, ignore_errors=True)
+    if dist.get_rank() == 0:  # a complete folder a crash left under another name becomes the checkpoint first
+        settle_shards(out_dir)
     dist.barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp))
@@ -157,17 +225,46 @@ def write_shards(model, optimizer, out_dir):
 
 
 def commit_shards(out_dir, train_state):
-    """Rank 0, after write_shards: put train_state.pt beside the shards and rename the folder into
-    place. Two renames, yet never a moment without a complete folder: load_train_state falls back
-    on ckpt_sharded.old when a crash came between them. The other ranks do not wait: the next
-    write_shards starts with a barrier."""
-    final, tmp, old = _folders(out_dir)
+    """Rank 0, after write_shards: put train_state.pt beside the shards, which marks the folder
+    complete (it is written last), and make the folder the checkpoint. The other ranks do not wait:
+    the next write_shards starts with a barrier."""
+    _, tmp, _ = _folders(out_dir)
     save_checkpoint(train_state, tmp / TRAIN_STATE_NAME)
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    settle_shards(out_dir, newest=tmp)
+
+
+def settle_shards(out_dir, newest=None):
+    """Rank 0: rename the newest complete folder (default: newest_shards) to ckpt_sharded and remove
+    the others. A directory cannot be renamed over another, so the previous checkpoint moves aside
+    to ckpt_sharded.old first; each step leaves the newest complete folder under one of the three
+    names, where newest_shards finds it, so no kill, nor a second one during the next save, loses it."""
+    final, tmp, old = _folders(out_dir)
+    newest = newest or newest_shards(out_dir)
+    if newest == tmp:
+        if final.exists():
+            _remove(old)
+            os.replace(final, old)
+        os.replace(tmp, final)
+    elif newest == old:
+        _remove(final)  # only ever older, or damaged: the newest is the .old one
+        os.replace(old, final)
+    _remove(tmp)  # incomplete: a crash while writing it
+    _remove(old)
+
+
+def _remove(folder):
+    """The marker first: a folder half deleted is never taken for complete."""
+    (folder / TRAIN_STATE_NAME).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def newest_shards(out_dir):
+    """The complete sharded folder (train_state.pt present) with the highest iteration, or None.
+    On a tie, the one written last: .tmp (its commit was cut short), then the canonical name, then .old."""
+    final, tmp, old = _folders(out_dir)
+    complete = [(read_checkpoint_file(folder / TRAIN_STATE_NAME)["iter_num"], order, folder)
+                for order, folder in enumerate((old, final, tmp)) if (folder / TRAIN_STATE_NAME).is_file()]
+    return max(complete)[2] if complete else None
 
 
 def full_model_state(model):
@@ -179,27 +276,71 @@ def full_model_state(model):
 
 def load_train_state(out_dir):
     """What an FSDP resume needs before the model exists: train_state.pt of the newest complete
-    sharded folder (iter_num, best_val_loss, rng, model_args), with "sharded_dir" naming the folder."""
-    final, _, old = _folders(out_dir)
-    folder = final if final.is_dir() else old  # .old alone: a crash between save_sharded's renames
-    if not (folder / TRAIN_STATE_NAME).is_file():
-        hint = ""
-        try:
-            if "optimizer" in load_checkpoint(out_dir):
-                hint = " Its ckpt.pt was written by a DDP or single-process run: resume it with parallelism='ddp'."
-        except CheckpointError:
-            pass
-        raise CheckpointError(f"no sharded checkpoint at {final} to resume an FSDP run from.{hint}")
-    state = load_checkpoint_state(folder / TRAIN_STATE_NAME)
+    sharded folder (iter_num, best_val_loss, rng, model_args), with "sharded_dir" naming the folder
+    (the path to name as what the run resumes from). Called by every rank, before the process group
+    exists; a missing or damaged folder is a CheckpointError on rank 0 (see refuse)."""
+    folder = newest_shards(out_dir)
+    if folder is None:
+        refuse(missing, out_dir)
+    problem = shards_problem(folder)
+    if problem:
+        refuse(damaged, folder, problem)
+    state = read_checkpoint_file(folder / TRAIN_STATE_NAME)
     state["sharded_dir"] = str(folder)
     return state
 
 
-def load_checkpoint_state(path):
+def missing(out_dir):
+    hint = ""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+        if "optimizer" in load_checkpoint(out_dir):
+            hint = " Its ckpt.pt was written by a DDP or single-process run: resume it with parallelism='ddp'."
+    except CheckpointError:
+        pass
+    return f"no sharded checkpoint at {_folders(out_dir)[0]} to resume an FSDP run from.{hint}"
+
+
+def shards_problem(folder):
+    """What makes the shard files of a complete folder unreadable, read from DCP's metadata without
+    loading a tensor: a missing or unreadable .metadata, a missing or truncated .distcp file. None if
+    none."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(folder)).read_metadata()
+        needed = {}
+        for info in metadata.storage_data.values():
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    except Exception as e:  # FileNotFoundError, or whatever unpickling a damaged file raises
+        return f"its .metadata cannot be read: {type(e).__name__}: {e}"
+    for name, size in sorted(needed.items()):
+        path = Path(folder) / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size < size:
+            return f"{name} holds {path.stat().st_size:,} of its {size:,} bytes"
+    return None
+
+
+def damaged(folder, problem):
+    """The message for a sharded checkpoint that cannot be loaded: what is wrong, and what to do."""
+    out_dir = Path(folder).parent
+    try:
+        export = f"; {out_dir / CHECKPOINT_NAME} holds the weights of iteration {load_checkpoint(out_dir)['iter_num']}"
+    except CheckpointError:
+        export = ""
+    return (f"the sharded checkpoint {folder} is damaged ({problem}); nothing in {out_dir} was changed{export}, "
+            f"without the optimizer state (sample.py and eval_hellaswag.py read it). Restore the folder from a copy, "
+            f"or start again with init_from='scratch'")
+
+
+def refuse(message, *args):
+    """Stop an FSDP start whose checkpoint cannot be read: a CheckpointError with message(*args) on
+    rank 0, which train.py prints as one error line; the other ranks read the same folder, so they
+    exit with status 1 without repeating it (nor reading ckpt.pt for the message)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        raise SystemExit(1)
+    raise CheckpointError(message(*args))
 
 
 def load_sharded(model, optimizer, folder):
@@ -211,5 +352,8 @@ def load_sharded(model, optimizer, folder):
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(folder))
+    try:
+        dcp.load(state, checkpoint_id=str(folder))
+    except Exception as e:  # DCP raises on every rank when one cannot read its part
+        refuse(damaged, folder, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
