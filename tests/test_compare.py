@@ -1,11 +1,20 @@
-"""compare.py: trains the chosen variants through train.py and writes results.md, results.json, loss.png."""
+"""compare.py and frontier.py: budgets resolved to iterations, scaled schedules, the resumable sweep,
+the fit of loss against compute, the tables and the optional plots."""
 
 import json
+import math
+import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-
 import compare
+import frontier
+import train
+from conftest import REPO
+from model import GPT, GPTConfig
 from tokenizer import write_meta
 
 TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 40
@@ -28,45 +37,47 @@ def tiny_run(tmp_path):
         f"data_dir = {str(data_dir)!r}\n"
         "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\nbatch_size = 4\n"
         "gradient_accumulation_steps = 1\nmax_iters = 6\nlr_decay_iters = 6\nwarmup_iters = 1\n"
-        "eval_interval = 3\neval_iters = 2\nlog_interval = 1\nlearning_rate = 1e-2\n"
-        "device = 'cpu'\ncompile = False\nbias = True\n"
+        "eval_interval = 3\neval_iters = 2\nlog_interval = 1\nlearning_rate = 1e-2\nmin_lr = 1e-3\n"
+        "device = 'cpu'\ncompile = False\nbias = True\nnum_threads = 1\n"
     )
     return config, tmp_path / "compare"
 
 
+def plan(config, out_dir, *argv):
+    args, overrides = compare.parse_args([str(config), f"--out_dir={out_dir}", *argv])
+    return frontier.plan_sweep(args, overrides, out_dir)
+
+
 def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
     config, out_dir = tiny_run
-    compare.main([str(config), "--variants=standard,efficient", f"--out_dir={out_dir}", "--max_iters=6"])
+    assert compare.main([str(config), "--variants=standard,efficient", f"--out_dir={out_dir}", "--max_iters=6"]) == 0
 
     results = json.loads((out_dir / "results.json").read_text())
-    assert list(results["results"]) == ["standard", "efficient"]
-    for variant, row in results["results"].items():
+    assert list(results["results"]) == ["1x2x16"] and list(results["results"]["1x2x16"]) == ["standard", "efficient"]
+    for variant, row in results["results"]["1x2x16"].items():
         for key in ("attention_params", "n_params", "flops_per_token", "final_train_loss", "final_val_loss",
-                    "val_ppl", "mean_ms_per_iter", "tokens_per_s", "peak_memory_mb", "wall_time_s"):
+                    "val_ppl", "mean_ms_per_iter", "tokens_per_s", "peak_memory_mb", "wall_time_s", "training_flops"):
             assert len(row[key]["runs"]) == 1 and row[key]["std"] == 0.0, (variant, key)
-        run = results["runs"][variant][0]
-        assert run["attention"] == variant and run["iterations"] == 6
+        run = next(r for r in results["runs"] if r["attention"] == variant)
+        assert run["iterations"] == 6 and run["tokens"] == 6 * 4 * 16
+        assert run["training_flops"] == run["flops_per_token"] * 6 * 4 * 16
         assert row["val_ppl"]["mean"] == pytest.approx(np.exp(row["final_val_loss"]["mean"]))
     # d=16: standard has 4 learned 16x16 projections with biases, efficient 2
-    assert results["results"]["standard"]["attention_params"]["mean"] == 4 * (16 * 16 + 16)
-    assert results["results"]["efficient"]["attention_params"]["mean"] == 2 * (16 * 16 + 16)
+    assert results["results"]["1x2x16"]["standard"]["attention_params"]["mean"] == 4 * (16 * 16 + 16)
+    assert results["results"]["1x2x16"]["efficient"]["attention_params"]["mean"] == 2 * (16 * 16 + 16)
 
     table = (out_dir / "results.md").read_text().splitlines()
     header = next(line for line in table if line.startswith("| attention |"))
-    for column in ("attn params/layer", "model params", "FLOPs/token", "train loss", "val loss", "val ppl",
-                   "ms/iter", "tokens/s", "peak memory (MB)", "wall time (s)"):
+    for column in ("attn params/layer", "model params", "FLOPs/token", "iterations", "training FLOPs", "train loss",
+                   "val loss", "val ppl", "ms/iter", "tokens/s", "peak memory (MB)", "wall time (s)"):
         assert f"| {column} |" in header
     assert "HellaSwag" not in header  # no data given, so no empty columns
     efficient_row = next(line for line in table if line.startswith("| efficient |"))
     assert "| 544 (1) |" in efficient_row  # fewer attention parameters ranks first
-
-    for variant in ("standard", "efficient"):
-        log = (out_dir / f"{variant}-seed0" / "log.jsonl").read_text().splitlines()
-        assert any(json.loads(line)["type"] == "eval" for line in log)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        assert "loss.png skipped" in capsys.readouterr().out
+        assert "loss.png and frontier.png skipped" in capsys.readouterr().out
     else:
         assert (out_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -75,26 +86,219 @@ def test_several_seeds_report_mean_and_spread(tiny_run):
     config, out_dir = tiny_run
     compare.main([str(config), "--variants=optimized", "--seeds=2", f"--out_dir={out_dir}", "--max_iters=3"])
     results = json.loads((out_dir / "results.json").read_text())
-    val = results["results"]["optimized"]["final_val_loss"]
+    val = results["results"]["1x2x16"]["optimized"]["final_val_loss"]
     assert len(val["runs"]) == 2 and val["runs"][0] != val["runs"][1]  # different seeds, different runs
     assert val["mean"] == pytest.approx(sum(val["runs"]) / 2) and val["std"] > 0
     assert "±" in (out_dir / "results.md").read_text()
 
 
+# -----------------------------------------------------------------------------
+# budgets and schedules, resolved before anything trains
+
+def direct_flops_per_token(config, variant, shape):
+    c = train.resolve_config(train.get_config([str(config)]))
+    n_layer, n_head, n_embd = shape
+    args = {k: c[k] for k in train.MODEL_ARG_KEYS} | dict(attention=variant, n_layer=n_layer, n_head=n_head,
+                                                           n_embd=n_embd, vocab_size=len(set(TEXT)))
+    return GPT(GPTConfig(**args)).flops_per_token()
+
+
+@pytest.mark.parametrize("budget", [[], ["--budget_flops=3e8"]])
+def test_flop_matched_iterations_are_budget_over_cost_per_iteration(tiny_run, budget):
+    config, out_dir = tiny_run
+    runs, budgets = plan(config, out_dir, "--match=flops", "--sizes=1x1x16,2x2x32", "--max_iters=40",
+                         "--warmup_iters=4", "--eval_interval=10", *budget)
+    assert len(runs) == 2 * 4 and not out_dir.exists()  # planning trains nothing and writes nothing
+    tokens_per_iter = 4 * 16
+    for shape in ((1, 1, 16), (2, 2, 32)):
+        label = frontier.size_label(shape)
+        expected_budget = 3e8 if budget else direct_flops_per_token(config, "standard", shape) * tokens_per_iter * 40
+        assert budgets[label] == expected_budget
+        for run in (r for r in runs if r.size == label):
+            flops_per_token = direct_flops_per_token(config, run.variant, shape)
+            assert run.flops_per_token == flops_per_token
+            iterations = max(1, round(expected_budget / (flops_per_token * tokens_per_iter)))
+            assert run.iterations == iterations
+            assert run.schedule == {"max_iters": iterations, "lr_decay_iters": iterations,
+                                    "warmup_iters": round(4 * iterations / 40), "eval_interval": round(10 * iterations / 40)}
+    cheaper = {r.variant: r.iterations for r in runs if r.size == "2x2x32"}
+    assert cheaper["standard"] < cheaper["optimized"] < cheaper["efficient"]
+    assert cheaper["standard"] == (29 if budget else 40)  # 3e8 / (161,280 FLOPs x 64 tokens) = 29.07
+
+
+def test_token_budget_and_the_iterations_default(tiny_run):
+    config, out_dir = tiny_run
+    runs, budgets = plan(config, out_dir, "--match=tokens", "--budget_tokens=640", "--variants=standard,super")
+    assert budgets == {"1x2x16": 640} and [r.iterations for r in runs] == [10, 10]  # 640 tokens / 64 per iteration
+    runs, budgets = plan(config, out_dir, "--variants=efficient", "--max_iters=7")
+    assert [r.iterations for r in runs] == [7] and runs[0].run_dir == out_dir / "efficient-seed0"
+
+
+def test_a_budget_stopped_run_ends_on_its_schedules_final_learning_rate(tiny_run):
+    config, out_dir = tiny_run
+    assert compare.main([str(config), "--variants=efficient", "--match=flops", "--max_iters=20",
+                         "--warmup_iters=2", f"--out_dir={out_dir}"]) == 0
+    run = json.loads((out_dir / "results.json").read_text())["plan"][0]
+    assert run["iterations"] > 20  # efficient gets the FLOPs standard spends in 20 iterations
+    c = train.resolve_config(train.get_config([str(config)]) | {
+        k: run[k] for k in ("max_iters", "lr_decay_iters", "warmup_iters")})
+    steps = [json.loads(line) for line in (out_dir / "efficient-seed0" / "log.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if s["type"] == "train"]
+    assert [s["iter"] for s in steps] == list(range(1, run["iterations"] + 1))
+    assert [s["lr"] for s in steps] == [train.get_lr(s["iter"] - 1, c) for s in steps]
+    # the last step is the cosine's last: within its final step of min_lr, far below the peak
+    last_step = 0.5 * (1 - math.cos(math.pi / (run["iterations"] - run["warmup_iters"]))) * (1e-2 - 1e-3)
+    assert 1e-3 <= steps[-1]["lr"] <= 1e-3 + last_step + 1e-12
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--variants=standard,fast"], "choose among standard, optimized, efficient, super"),
-    (["--attention=super"], "sets attention, seed and out_dir itself"),
+    (["--attention=super"], "sets attention, seed, out_dir and init_from itself"),
     (["--max_iters", "5"], "passed as --key=value"),
+    (["--match=energy"], "invalid choice: 'energy'"),
+    (["--sizes=2x2"], "'2x2' is not n_layer x n_head x n_embd"),
+    (["--sizes=2x3x64"], "n_embd must be a multiple of n_head"),
+    (["--sizes=2x2x64,2x2x64"], "listed twice"),
+    (["--sizes=2x2x64", "--n_layer=3"], "each size sets n_layer, n_head and n_embd"),
+    (["--match=flops", "--budget_flops=-1"], "must be a positive number"),
+    (["--match=tokens", "--budget_flops=1e9"], "--budget_flops is the budget of --match=flops"),
 ])
-def test_bad_arguments_are_refused(tiny_run, argv, message, capsys):
+def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, message, capsys):
     config, out_dir = tiny_run
     with pytest.raises(SystemExit):
         compare.main([str(config), f"--out_dir={out_dir}", *argv])
-    assert message in capsys.readouterr().err
+    assert message in capsys.readouterr().err and not out_dir.exists()
+
+
+def test_a_bad_config_for_one_size_is_one_error_line(tiny_run, capsys):
+    config, out_dir = tiny_run
+    assert compare.main([str(config), f"--out_dir={out_dir}", "--sizes=1x1x16", "--dropout=2.0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "dropout" in err[0] and not out_dir.exists()
 
 
 def test_a_failed_training_run_is_one_error_line(tiny_run, capsys):
     config, out_dir = tiny_run
-    code = compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", "--batch_size=0"])
+    code = compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", "--block_size=4000"])
     assert code == 1
-    assert "error: training efficient (seed 0) failed with exit code" in capsys.readouterr().err
+    assert "error: training efficient at 1x2x16 (seed 0) failed with exit code" in capsys.readouterr().err
+
+
+def test_help_prints_the_example_with_its_line_continuation():
+    out = subprocess.run([sys.executable, "compare.py", "--help"], cwd=REPO, capture_output=True, text=True).stdout
+    assert "--seeds=3 \\\n        --launcher=" in out
+
+
+# -----------------------------------------------------------------------------
+# the fit
+
+def test_the_fit_recovers_a_saturating_power_law():
+    C = np.geomspace(1e10, 1e14, 5)
+    fit = frontier.fit_loss_curve(C, 1.3 + 40.0 * C ** -0.12)
+    assert fit["law"] == "E + A*C^-alpha"
+    assert fit["E"] == pytest.approx(1.3, rel=1e-4) and fit["alpha"] == pytest.approx(0.12, rel=1e-3)
+    assert fit["A"] == pytest.approx(40.0, rel=1e-2) and max(map(abs, fit["residuals"])) < 1e-6
+    target = 1.3 + 40.0 * 3e12 ** -0.12
+    assert frontier.compute_for_loss(fit, target) == pytest.approx(3e12, rel=1e-3)
+    assert frontier.compute_for_loss(fit, 1.3 + 40.0 * 1e15 ** -0.12) is None  # beyond the largest size: no extrapolation
+
+
+def test_three_sizes_fit_the_plain_power_law_and_fewer_none():
+    C = np.array([1e9, 1e10, 1e11])
+    fit = frontier.fit_loss_curve(C, 25.0 * C ** -0.1)
+    assert fit["law"] == "A*C^-alpha" and fit["E"] == 0.0
+    assert fit["A"] == pytest.approx(25.0) and fit["alpha"] == pytest.approx(0.1)
+    assert frontier.fit_loss_curve(C[:2], 25.0 * C[:2] ** -0.1) is None
+
+
+def synthetic_summaries(variants, seeds=2):
+    """Runs of four sizes whose losses follow known curves: efficient needs exactly 1.5x standard's compute."""
+    rows = []
+    for size, C in zip(("s", "m", "l", "xl"), (1e10, 1e11, 1e12, 1e13)):
+        for seed in range(seeds):
+            for variant in variants:
+                compute = C / (1.5 if variant == "efficient" else 1.0)
+                rows.append(dict(attention=variant, size=size, seed=seed, training_flops=C, n_params=C / 1e6,
+                                 wall_time_s=C / 1e9, final_val_loss=1.0 + 30.0 * compute ** -0.1))
+    return rows, {size: C for size, C in zip(("s", "m", "l", "xl"), (1e10, 1e11, 1e12, 1e13))}
+
+
+def test_compute_ratio_for_the_reference_loss_at_the_largest_size():
+    rows, budgets = synthetic_summaries(["standard", "efficient"])
+    analysis = frontier.analyse(rows, list(budgets), ["standard", "efficient"], "standard", seeds=2)
+    assert analysis["target_loss"] == pytest.approx(1.0 + 30.0 * 1e13 ** -0.1)
+    assert analysis["compute_for_target"]["standard"]["ratio"] == pytest.approx(1.0)
+    # efficient's curve reaches standard's largest-size loss only beyond the largest measured compute
+    assert analysis["compute_for_target"]["efficient"]["compute"] is None
+    analysis = frontier.analyse(rows, list(budgets), ["standard", "efficient"], "standard", 2, target=1.0 + 30 * 5e11 ** -0.1)
+    assert analysis["compute_for_target"]["efficient"]["ratio"] == pytest.approx(1.5, rel=1e-3)
+    assert analysis["compute_for_target"]["efficient"]["ratio_per_seed"] == pytest.approx([1.5, 1.5], rel=1e-3)
+
+
+def test_missing_matplotlib_or_scipy_skips_only_the_plots(tmp_path, monkeypatch, capsys):
+    rows, budgets = synthetic_summaries(["standard", "efficient"], seeds=1)
+    monkeypatch.setitem(sys.modules, "scipy", None)  # the fit is numpy alone
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, ["standard", "efficient"], "standard", 1, {})
+    assert "loss.png and frontier.png skipped" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.png"))
+    summary = markdown.split("## Summary")[1]
+    assert "E=1.000, A=30, α=0.100 (E + A*C^-alpha)" in summary and "| 1.00x |" in summary
+    assert json.loads((tmp_path / "results.json").read_text())["analysis"]["fits"]["efficient"] is not None
+
+
+def test_fewer_than_three_sizes_say_so_instead_of_fitting(tmp_path):
+    rows, budgets = synthetic_summaries(["standard"], seeds=1)
+    rows = [r for r in rows if r["size"] in ("s", "m")]
+    markdown = frontier.write_report(tmp_path, "header", [], {"s": 1e10, "m": 1e11}, rows, ["standard"], "standard", 1, {})
+    assert "no fit (2 sizes; a fit needs 3)" in markdown
+
+
+# -----------------------------------------------------------------------------
+# the resumable sweep
+
+def test_a_rerun_with_other_settings_is_refused(tiny_run, capsys):
+    config, out_dir = tiny_run
+    assert compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", "--max_iters=2"]) == 0
+    assert compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", "--max_iters=3"]) == 1
+    assert "planned with other settings" in capsys.readouterr().err
+    assert json.loads((out_dir / "efficient-seed0" / "summary.json").read_text())["iterations"] == 2
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_finishes_on_rerun_without_repeating_a_run(tiny_run, capsys):
+    config, out_dir = tiny_run
+    argv = [str(config), "--variants=standard,efficient", "--match=flops", "--sizes=1x1x16,1x2x16",
+            "--max_iters=400", f"--out_dir={out_dir}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    sweep = subprocess.Popen([sys.executable, "compare.py", *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    seen_run_2 = False
+    for line in sweep.stdout:  # SIGINT during run 2's training, as a Ctrl-C would
+        seen_run_2 |= line.startswith("=== run 2 of 4")
+        if seen_run_2 and line.startswith("iter 5:"):
+            sweep.send_signal(signal.SIGINT)
+            break
+    output = sweep.communicate(timeout=120)[0]
+    assert sweep.returncode == 130 and "rerun the same command to continue" in output
+    runs = [run.as_dict() for run in plan(config, out_dir, *argv[1:])[0]]
+    first, second = (out_dir / runs[k]["size"] / f"{runs[k]['variant']}-seed0" for k in (0, 1))
+    first_summary = (first / "summary.json").read_text()
+    interrupted = json.loads((second / "summary.json").read_text())
+    assert json.loads(first_summary)["stop_reason"] == "max_iters"
+    assert interrupted["stop_reason"] == "SIGINT" and 5 <= interrupted["iterations"] < runs[1]["iterations"]
+    assert not (out_dir / "1x2x16").exists()  # the sweep stopped: no later run started
+
+    assert compare.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "=== run 1 of 4: standard at 1x1x16, seed 0, 400 iters: finished already, skipped" in out
+    assert out.count("finished already") == 1 and "(resuming)" in out and "--init_from='resume'" in out
+    assert (first / "summary.json").read_text() == first_summary  # not trained again
+    for run in runs:
+        summary = json.loads((out_dir / run["size"] / f"{run['variant']}-seed0" / "summary.json").read_text())
+        assert summary["stop_reason"] == "max_iters" and summary["iterations"] == run["iterations"]
+    steps = [json.loads(line) for line in (second / "log.jsonl").read_text().splitlines()]
+    assert [s["iter"] for s in steps if s["type"] == "train"] == list(range(1, runs[1]["iterations"] + 1))
+    results = json.loads((out_dir / "results.json").read_text())
+    resumed = next(r for r in results["runs"] if r["size"] == runs[1]["size"] and r["attention"] == runs[1]["variant"])
+    assert resumed["wall_time_s"] > interrupted["wall_time_s"]  # both segments counted

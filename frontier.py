@@ -1,0 +1,626 @@
+"""
+The compute-matched comparison behind compare.py: plan a sweep of attention variants x model sizes x
+seeds under one budget (iterations, tokens, training FLOPs or wall-clock), run each training as its
+own train.py process (resumable), then tabulate, fit loss against compute per variant and plot the
+frontier. docs/compare.md says what each budget means and how the FLOPs and parameters are counted.
+
+The accounting: training compute C = flops_per_token x tokens seen, where flops_per_token is the
+model's own count (model.GPT.flops_per_token: forward + backward, attention's T-dependent terms and
+super's W^A V included), not 6N. Parameters are the total count (embeddings included, the tied head
+once), as the FLOP count includes the output head.
+"""
+
+import json
+import math
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import train
+from atomic import write_text_atomic
+from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
+from model import GPT, GPTConfig
+from tokenizer import read_meta
+
+REPO = Path(__file__).resolve().parent
+MATCHES = ("iters", "tokens", "flops", "time")
+RECORD_NAME = "compare_run.json"  # beside each run's files: the train.py arguments it was planned with
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd")
+# named shapes (n_layer, n_head, n_embd): three CPU sizes, and GPT-2-like ones for a GPU (10-100M parameters)
+SIZE_PRESETS = {
+    "cpu-s": (2, 2, 64), "cpu-m": (4, 4, 128), "cpu-l": (6, 6, 192),
+    "gpu-10m": (6, 6, 384), "gpu-30m": (8, 8, 512), "gpu-50m": (10, 10, 640), "gpu-85m": (12, 12, 768),
+}
+
+
+class SweepError(ValueError):
+    """A sweep that cannot be planned or continued as asked; the message says how to fix it."""
+
+
+class RunFailed(RuntimeError):
+    """A train.py run exited with an error; its own output says why."""
+
+
+class SweepInterrupted(RuntimeError):
+    """A SIGINT/SIGTERM stopped the sweep after the running train.py saved its checkpoint."""
+
+
+# -----------------------------------------------------------------------------
+# sizes and the resolved settings of every run
+
+def parse_sizes(text):
+    """'2x2x64,cpu-m' -> [(2, 2, 64), (4, 4, 128)]: n_layer x n_head x n_embd, or a preset name."""
+    sizes = []
+    for item in (s.strip() for s in text.split(",")):
+        if item in SIZE_PRESETS:
+            sizes.append(SIZE_PRESETS[item])
+        elif re.fullmatch(r"\d+x\d+x\d+", item) and all(int(n) > 0 for n in item.split("x")):
+            sizes.append(tuple(int(n) for n in item.split("x")))
+        else:
+            raise SweepError(f"--sizes: {item!r} is not n_layer x n_head x n_embd (e.g. 4x4x128) nor a preset "
+                             f"({', '.join(SIZE_PRESETS)})")
+    for n_layer, n_head, n_embd in sizes:
+        if n_embd % n_head:
+            raise SweepError(f"--sizes: {n_layer}x{n_head}x{n_embd}: n_embd must be a multiple of n_head")
+    if len(set(sizes)) != len(sizes):
+        raise SweepError("--sizes: a size is listed twice")
+    return sorted(sizes, key=lambda s: s[0] * s[2] ** 2)  # smallest first: a sweep shows its trend early
+
+
+def size_label(shape):
+    return "x".join(map(str, shape))
+
+
+@dataclass
+class PlannedRun:
+    """One training of the sweep, with everything that is resolved before anything trains."""
+    size: str
+    variant: str
+    seed: int
+    iterations: int
+    schedule: dict  # max_iters, lr_decay_iters, warmup_iters, eval_interval
+    flops_per_token: int
+    tokens_per_iter: int
+    run_dir: Path
+    train_args: list = field(default_factory=list)
+
+    @property
+    def training_flops(self):
+        return self.flops_per_token * self.tokens_per_iter * self.iterations
+
+    def as_dict(self):
+        return dict(size=self.size, variant=self.variant, seed=self.seed, iterations=self.iterations, **self.schedule,
+                    flops_per_token=self.flops_per_token, tokens_per_iter=self.tokens_per_iter,
+                    training_flops=self.training_flops, run_dir=str(self.run_dir))
+
+
+def resolved_config(config_file, overrides):
+    """train.py's own config for these arguments; its ConfigError becomes a SweepError."""
+    try:
+        return train.resolve_config(train.get_config([config_file, *overrides]))
+    except train.ConfigError as e:
+        raise SweepError(str(e)) from None
+
+
+def model_flops_per_token(c):
+    """Training FLOPs per token of the model this config builds, without training it (meta device:
+    no memory is allocated). The vocabulary comes from the data's meta.json, as train.py takes it."""
+    data_dir = Path(c["data_dir"] or Path("data") / c["dataset"])
+    try:
+        meta = read_meta(data_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise SweepError(str(e)) from None
+    vocab_size = train.choose_vocab_size(c, meta, -1, data_dir)  # the data's largest id is train.py's check
+    args = {key: c[key] for key in train.MODEL_ARG_KEYS} | {"vocab_size": vocab_size}
+    import torch
+
+    with torch.device("meta"):
+        return GPT(GPTConfig(**args)).flops_per_token()
+
+
+def iterations_for_budget(budget, cost_per_iter):
+    """The nearest whole number of iterations whose cost reaches the budget, at least 1."""
+    return max(1, round(budget / cost_per_iter))
+
+
+def scaled_schedule(c, iterations, match):
+    """max_iters, lr_decay_iters, warmup_iters and eval_interval for a run of `iterations` steps: the
+    config's schedule stretched by iterations / max_iters, so the cosine ends where the run ends
+    (with --match=iters, the config's own schedule, as it is)."""
+    if match == "iters":
+        return {key: c[key] for key in ("max_iters", "lr_decay_iters", "warmup_iters", "eval_interval")}
+    factor = iterations / c["max_iters"]
+    warmup = min(round(c["warmup_iters"] * factor), iterations - 1)
+    return {"max_iters": iterations, "lr_decay_iters": iterations, "warmup_iters": warmup,
+            "eval_interval": max(1, min(round(c["eval_interval"] * factor), iterations))}
+
+
+def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_iters):
+    """Seconds per training step of this variant on this machine, from a short train.py run (kept in
+    probe_dir, so that a rerun plans the same iterations)."""
+    summary = read_json(probe_dir / SUMMARY_NAME)
+    if not (summary and summary["stop_reason"] == "max_iters"):
+        probe_dir.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, str(REPO / "train.py"), config_file, *overrides, f"--attention={variant!r}",
+                   f"--out_dir={str(probe_dir)!r}", f"--max_iters={probe_iters}", f"--lr_decay_iters={probe_iters}",
+                   "--warmup_iters=0", f"--eval_interval={probe_iters}", "--eval_iters=1",
+                   f"--log_interval={probe_iters}", "--always_save_checkpoint=False"]
+        with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
+            code = forwarder.run(command, stdout=log, stderr=subprocess.STDOUT)
+        if forwarder.received:
+            raise SweepInterrupted(forwarder.received)
+        if code != 0:
+            raise RunFailed(f"the timing probe of {variant} failed with exit code {code}; see {probe_dir / 'probe.log'}")
+        summary = read_json(probe_dir / SUMMARY_NAME)
+    return summary["mean_ms_per_iter"] / 1000
+
+
+def cost_per_iter(match, c, flops_per_token, seconds):
+    """What one iteration spends of the budget: 1 iteration, its tokens, its FLOPs or its seconds."""
+    tokens = c["gradient_accumulation_steps"] * c["batch_size"] * c["block_size"]
+    return {"iters": 1, "tokens": tokens, "flops": flops_per_token * tokens, "time": seconds}[match]
+
+
+def plan_size(args, overrides, shape, out_dir):
+    """The runs of one size: each variant's iterations under the budget, for every seed."""
+    shape_args = [f"--{k}={v}" for k, v in zip(SHAPE_KEYS, shape)] if shape else []
+    c = resolved_config(args.config, overrides + shape_args)
+    label = size_label(tuple(c[k] for k in SHAPE_KEYS))
+    variants = list(dict.fromkeys([*args.variants, args.reference]))
+    costs = {}
+    for variant in variants:
+        cv = c | {"attention": variant}
+        seconds = None
+        if args.match == "time":
+            probe_dir = out_dir / "probes" / label / variant
+            seconds = probe_seconds_per_iter(args.config, overrides + shape_args, variant, probe_dir, args.probe_iters)
+        flops_per_token = model_flops_per_token(cv)
+        costs[variant] = (flops_per_token, cost_per_iter(args.match, cv, flops_per_token, seconds))
+    budget = args.budget or costs[args.reference][1] * c["max_iters"]
+    runs = {}
+    for variant in args.variants:
+        iterations = iterations_for_budget(budget, costs[variant][1])
+        schedule = scaled_schedule(c, iterations, args.match)
+        for seed in range(args.seeds):
+            run_dir = out_dir / label / f"{variant}-seed{seed}" if shape else out_dir / f"{variant}-seed{seed}"
+            train_args = [args.config, *overrides, *shape_args, f"--attention={variant!r}", f"--seed={seed}",
+                          f"--out_dir={str(run_dir)!r}", *(f"--{k}={v}" for k, v in schedule.items())]
+            resolved_config(args.config, train_args[1:])  # every run's settings are checked before any trains
+            runs[variant, seed] = PlannedRun(label, variant, seed, iterations, schedule, costs[variant][0],
+                                             cost_per_iter("tokens", c, 0, None), run_dir, train_args)
+    return label, budget, runs
+
+
+def plan_sweep(args, overrides, out_dir):
+    """Every run of the sweep, seeds outermost, then sizes (smallest first), then variants; and the
+    budget of each size."""
+    shapes = args.sizes or [None]
+    sized = [plan_size(args, overrides, shape, out_dir) for shape in shapes]
+    plan = [runs[variant, seed] for seed in range(args.seeds) for _, _, runs in sized for variant in args.variants]
+    return plan, {label: budget for label, budget, _ in sized}
+
+
+# -----------------------------------------------------------------------------
+# running train.py: one process per run, a signal passed on once, resumable
+
+class SignalForwarder:
+    """While the sweep runs, a SIGINT/SIGTERM to compare.py is passed to the running train.py (started
+    in its own session, so a Ctrl-C in the terminal reaches it once, from here) and stops the sweep
+    after that run has saved its checkpoint."""
+
+    def __init__(self):
+        self.process, self.received, self.previous = None, None, {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+    def run(self, command, **popen_args):
+        if self.received:
+            raise SweepInterrupted(self.received)
+        self.process = subprocess.Popen(command, cwd=REPO, start_new_session=True, **popen_args)
+        try:
+            return self.process.wait()
+        finally:
+            self.process = None
+
+
+def read_json(path):
+    return json.loads(Path(path).read_text()) if Path(path).is_file() else None
+
+
+def read_log(run_dir):
+    path = Path(run_dir) / LOG_NAME
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def run_status(run):
+    """'done', 'resume' or 'new'; a run folder planned with other settings is an error."""
+    record = read_json(run.run_dir / RECORD_NAME)
+    if record is None:
+        return "new"
+    if record["train_args"] != run.train_args:
+        raise SweepError(f"{run.run_dir} holds a run planned with other settings (its {RECORD_NAME} differs): "
+                         f"rerun the command that made it, or choose another --out_dir")
+    summary = read_json(run.run_dir / SUMMARY_NAME)
+    if summary and summary["stop_reason"] == "max_iters" and summary["iterations"] == run.iterations:
+        return "done"
+    return "resume" if (run.run_dir / CHECKPOINT_NAME).exists() else "new"
+
+
+def train_once(run, status, launcher, forwarder):
+    """Train (or resume) one planned run; returns its summary with the wall time of all its segments."""
+    record = read_json(run.run_dir / RECORD_NAME) if status == "resume" else None
+    segments = record["wall_time_s"] if record else []
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "wall_time_s": segments}))
+    args = run.train_args + (["--init_from='resume'"] if status == "resume" else [])
+    command = (shlex.split(launcher) if launcher else [sys.executable]) + [str(REPO / "train.py"), *args]
+    print(shlex.join(command), flush=True)
+    code = forwarder.run(command)
+    summary = read_json(run.run_dir / SUMMARY_NAME)
+    if summary is not None and code == 0:
+        segments = segments + [summary["wall_time_s"]]
+        write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "wall_time_s": segments}))
+    if forwarder.received:
+        raise SweepInterrupted(forwarder.received)
+    if code != 0:
+        raise RunFailed(f"training {run.variant} at {run.size} (seed {run.seed}) failed with exit code {code}; "
+                        f"its output is above, its files in {run.run_dir}")
+    return summary
+
+
+def finished_summary(run):
+    """A run's summary as the tables use it: its totals over every segment, and derived columns."""
+    summary = read_json(run.run_dir / SUMMARY_NAME)
+    record = read_json(run.run_dir / RECORD_NAME)
+    summary["wall_time_s"] = sum(record["wall_time_s"]) or summary["wall_time_s"]
+    summary |= {"size": run.size, "seed": run.seed, "training_flops": run.flops_per_token * summary["tokens_per_iter"]
+                * summary["iterations"], "tokens": summary["tokens_per_iter"] * summary["iterations"]}
+    if summary.get("final_val_loss") is not None:
+        summary["val_ppl"] = math.exp(summary["final_val_loss"])
+    if summary.get("peak_memory_bytes") is not None:
+        summary["peak_memory_mb"] = summary["peak_memory_bytes"] / 2**20
+    return summary
+
+
+def time_left(done_seconds, done_flops, planned_flops):
+    if not done_flops:
+        return "estimated time left: known after the first run"
+    seconds = done_seconds / done_flops * planned_flops
+    return f"estimated time left {seconds / 60:.1f} min"
+
+
+def run_sweep(plan, launcher=""):
+    """Train every planned run not already finished, in order; returns {run_dir: summary}. A signal stops
+    the sweep (SweepInterrupted) once the running train.py has saved its checkpoint."""
+    statuses = [run_status(run) for run in plan]  # every folder checked before anything trains
+    spent_seconds = spent_flops = 0.0
+    with SignalForwarder() as forwarder:
+        for k, (run, status) in enumerate(zip(plan, statuses), 1):
+            left = sum(r.training_flops for r, s in zip(plan[k - 1:], statuses[k - 1:]) if s != "done")
+            head = f"\n=== run {k} of {len(plan)}: {run.variant} at {run.size}, seed {run.seed}, {run.iterations:,} iters"
+            if status == "done":
+                print(f"{head}: finished already, skipped", flush=True)
+                continue
+            print(f"{head}{' (resuming)' if status == 'resume' else ''}; "
+                  f"{time_left(spent_seconds, spent_flops, left)}", flush=True)
+            started = time.time()
+            train_once(run, status, launcher, forwarder)
+            spent_seconds += time.time() - started
+            spent_flops += run.training_flops
+    return {run.run_dir: finished_summary(run) for run in plan}
+
+
+# -----------------------------------------------------------------------------
+# tables
+
+# (column, key in a run's summary, better: "low" / "high" / None for no ranking, format)
+COLUMNS = [
+    ("attn params/layer", "attention_params", "low", "{:,.0f}"),
+    ("model params", "n_params", "low", "{:,.0f}"),
+    ("FLOPs/token", "flops_per_token", "low", "{:,.0f}"),
+    ("iterations", "iterations", None, "{:,.0f}"),
+    ("tokens", "tokens", None, "{:,.0f}"),
+    ("training FLOPs", "training_flops", None, "{:.3g}"),
+    ("train loss", "final_train_loss", "low", "{:.4f}"),
+    ("val loss", "final_val_loss", "low", "{:.4f}"),
+    ("val ppl", "val_ppl", "low", "{:.2f}"),
+    ("HellaSwag acc", "hellaswag_acc", "high", "{:.4f}"),
+    ("HellaSwag acc_norm", "hellaswag_acc_norm", "high", "{:.4f}"),
+    ("HellaSwag acc_char_norm", "hellaswag_acc_char_norm", "high", "{:.4f}"),
+    ("ms/iter", "mean_ms_per_iter", "low", "{:.1f}"),
+    ("tokens/s", "tokens_per_s", "high", "{:,.0f}"),
+    ("peak memory (MB)", "peak_memory_mb", "low", "{:,.0f}"),
+    ("wall time (s)", "wall_time_s", "low", "{:.1f}"),
+]
+
+
+def aggregate(runs):
+    """Mean and standard deviation over seeds, per column."""
+    table = {}
+    for _, key, _, _ in COLUMNS:
+        values = [run[key] for run in runs if run.get(key) is not None]
+        if values:
+            table[key] = {"mean": statistics.fmean(values),
+                          "std": statistics.stdev(values) if len(values) > 1 else 0.0, "runs": values}
+    return table
+
+
+def rankings(results, key, better):
+    """Rank 1 = best; equal values share a rank, as the paper's tables do."""
+    means = {v: r[key]["mean"] for v, r in results.items() if key in r}
+    ordered = sorted(set(means.values()), reverse=(better == "high"))
+    return {v: ordered.index(m) + 1 for v, m in means.items()}
+
+
+def mean_cell(stats, fmt, n_seeds):
+    cell = fmt.format(stats["mean"])
+    return cell + (" ± " + fmt.format(stats["std"]) if n_seeds > 1 and stats["std"] > 0 else "")
+
+
+def markdown_table(results, n_seeds):
+    """One row per variant (mean ± std over seeds), each ranked column's rank in parentheses."""
+    columns = [c for c in COLUMNS if any(c[1] in r for r in results.values())]
+    ranks = {key: rankings(results, key, better) for _, key, better, _ in columns if better}
+    lines = ["| attention | " + " | ".join(title for title, *_ in columns) + " |", "|---|" + "---:|" * len(columns)]
+    for variant, row in results.items():
+        cells = [mean_cell(row[key], fmt, n_seeds) + (f" ({ranks[key][variant]})" if better else "")
+                 if key in row else "n/a" for _, key, better, fmt in columns]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# -----------------------------------------------------------------------------
+# the fit: loss against training compute, per variant over sizes
+
+def fit_power_law(C, L, E=0.0):
+    """A, alpha of L = E + A * C^-alpha from a least-squares line through log(L - E) against log C."""
+    slope, intercept = np.polyfit(np.log(C), np.log(L - E), 1)
+    return math.exp(intercept), -slope
+
+
+def squared_residuals(C, L, E):
+    A, alpha = fit_power_law(C, L, E)
+    return float(np.sum((L - E - A * C ** -alpha) ** 2))
+
+
+def fit_floor(C, L, grid_points=200, refinements=80):
+    """The E in [0, min L) that minimises the squared residuals in L: a grid, then golden-section
+    search between the grid points either side of the best one."""
+    top = float(L.min()) * (1 - 1e-9)
+    grid = np.linspace(0.0, top, grid_points, endpoint=False)
+    best = int(np.argmin([squared_residuals(C, L, E) for E in grid]))
+    lo, hi = grid[max(best - 1, 0)], grid[best + 1] if best + 1 < grid_points else top
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(refinements):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if squared_residuals(C, L, a) < squared_residuals(C, L, b):
+            hi = b
+        else:
+            lo = a
+    return (lo + hi) / 2
+
+
+def fit_loss_curve(C, L):
+    """Saturating power law L = E + A C^-alpha from 4 points on, the plain power law (E = 0) from 3;
+    None below 3 (no fit). C and L are per-size values of one variant."""
+    C, L = np.asarray(C, dtype=float), np.asarray(L, dtype=float)
+    if len(C) < 3:
+        return None
+    E = fit_floor(C, L) if len(C) >= 4 else 0.0
+    A, alpha = fit_power_law(C, L, E)
+    residuals = L - (E + A * C ** -alpha)
+    return {"law": "E + A*C^-alpha" if len(C) >= 4 else "A*C^-alpha", "E": E, "A": A, "alpha": alpha,
+            "residuals": residuals.tolist(), "compute_range": [float(C.min()), float(C.max())]}
+
+
+def compute_for_loss(fit, loss):
+    """The compute at which the fitted curve reaches `loss`, or None outside the measured range (no
+    extrapolation)."""
+    if fit is None or loss <= fit["E"] or fit["alpha"] == 0:
+        return None
+    C = (fit["A"] / (loss - fit["E"])) ** (1 / fit["alpha"])
+    low, high = fit["compute_range"]
+    return C if low * (1 - 1e-9) <= C <= high * (1 + 1e-9) else None
+
+
+def variant_points(summaries, variant, labels, x_key, seed=None):
+    """(x, mean val loss, its std over seeds) per size of one variant, in size order; one seed's if given."""
+    points = []
+    for label in labels:
+        rows = [r for r in summaries if r["attention"] == variant and r["size"] == label
+                and (seed is None or r["seed"] == seed) and r.get("final_val_loss") is not None]
+        if rows:
+            losses = [r["final_val_loss"] for r in rows]
+            points.append((statistics.fmean(r[x_key] for r in rows), statistics.fmean(losses),
+                           statistics.stdev(losses) if len(losses) > 1 else 0.0))
+    return tuple(np.array(column) for column in zip(*points)) if points else (np.array([]),) * 3
+
+
+def compute_ratio(summaries, labels, variant, reference, target, seed=None):
+    """C_variant(target) / C_reference(target) from the fitted curves, or None when either is out of range."""
+    fits = [fit_loss_curve(*variant_points(summaries, v, labels, "training_flops", seed)[:2]) for v in (variant, reference)]
+    needed = [compute_for_loss(fit, target) for fit in fits]
+    return needed[0] / needed[1] if None not in needed else None
+
+
+def analyse(summaries, labels, variants, reference, seeds, target=None):
+    """Per variant: the fit of val loss against training FLOPs over sizes, and the compute it needs for
+    the target loss (by default the reference's loss at the largest size) as a ratio to the reference's."""
+    fits = {v: fit_loss_curve(*variant_points(summaries, v, labels, "training_flops")[:2]) for v in variants}
+    if target is None:
+        reference_losses = variant_points(summaries, reference, labels, "training_flops")[1]
+        target = float(reference_losses[-1]) if len(reference_losses) else None
+    needs = {}
+    for variant in variants:
+        compute = None if target is None else compute_for_loss(fits[variant], target)
+        needs[variant] = {"compute": compute, "ratio": None, "ratio_per_seed": []}
+        if target is not None and reference in variants:
+            needs[variant]["ratio"] = compute_ratio(summaries, labels, variant, reference, target)
+            needs[variant]["ratio_per_seed"] = [compute_ratio(summaries, labels, variant, reference, target, seed)
+                                                for seed in range(seeds)]
+    return {"reference": reference, "target_loss": target, "fits": fits, "compute_for_target": needs}
+
+
+def fit_cell(fit, n_sizes):
+    if fit is None:
+        return f"no fit ({n_sizes} size{'s' if n_sizes != 1 else ''}; a fit needs 3)"
+    floor = f"E={fit['E']:.3f}, " if fit["law"].startswith("E") else ""
+    return (f"{floor}A={fit['A']:.3g}, α={fit['alpha']:.3f} ({fit['law']}); "
+            f"largest residual {max(fit['residuals'], key=abs):+.4f}")
+
+
+def ratio_cell(need):
+    if need["ratio"] is None:
+        return "out of range"
+    seeds = [f"{r:.2f}x" if r is not None else "out of range" for r in need["ratio_per_seed"]]
+    return f"{need['ratio']:.2f}x" + (f" (per seed: {', '.join(seeds)})" if len(seeds) > 1 else "")
+
+
+def summary_table(summaries, labels, budgets, analysis, variants, n_seeds):
+    """Per variant: the val loss at every size's budget, the fit, and the compute for the target loss."""
+    target, reference = analysis["target_loss"], analysis["reference"]
+    target_title = "compute for loss " + (f"{target:.4f}" if target is not None else "(none)")
+    lines = ["| attention | " + " | ".join(f"val loss at {label} (budget {budgets[label]:.3g})" for label in labels)
+             + f" | fit of val loss on training FLOPs | {target_title} | ratio to {reference} |",
+             "|---|" + "---:|" * len(labels) + "---|---:|---:|"]
+    for variant in variants:
+        cells = []
+        for label in labels:
+            rows = [r["final_val_loss"] for r in summaries if r["attention"] == variant and r["size"] == label]
+            stats = {"mean": statistics.fmean(rows), "std": statistics.stdev(rows) if len(rows) > 1 else 0.0}
+            cells.append(mean_cell(stats, "{:.4f}", n_seeds))
+        need = analysis["compute_for_target"][variant]
+        compute = f"{need['compute']:.3g}" if need["compute"] is not None else "out of range"
+        cells += [fit_cell(analysis["fits"][variant], len(labels)), compute, ratio_cell(need)]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# -----------------------------------------------------------------------------
+# plots (matplotlib is optional)
+
+def pyplot():
+    """matplotlib.pyplot on a file backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plot_losses(plt, logs, path):
+    """Train and val loss of every variant against iterations and wall-clock time (first seed)."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
+    for i, (variant, log) in enumerate(logs.items()):
+        color = f"C{i}"
+        train_steps = [e for e in log if e.get("type") == "train"]
+        evals = [e for e in log if e.get("type") == "eval"]
+        for ax, x in zip(axes, ("iter", "elapsed_s")):
+            ax.plot([e[x] for e in train_steps], [e["loss"] for e in train_steps], color=color, alpha=0.25, lw=0.8)
+            ax.plot([e[x] for e in evals], [e["val_loss"] for e in evals], color=color, marker="o", ms=3,
+                    label=f"{variant} val")
+            ax.plot([e[x] for e in evals], [e["train_loss"] for e in evals], color=color, ls="--", lw=1,
+                    label=f"{variant} train (eval)")
+    # the first evaluation (at initialisation, ~ln(vocab)) would squash the curves that matter
+    later_val = [e["val_loss"] for log in logs.values() for e in log if e.get("type") == "eval" and e["iter"] > 0]
+    if later_val:
+        axes[0].set_ylim(top=max(later_val) + 0.25 * (max(later_val) - min(later_val)) + 0.05)
+    axes[0].set_xlabel("iteration")
+    axes[1].set_xlabel("wall-clock seconds")
+    axes[0].set_ylabel("loss")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, ncol=2)
+    fig.suptitle("train (faint: every logged step; dashed: eval estimate) and val loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_frontier(plt, summaries, labels, variants, fits, path):
+    """Val loss against training FLOPs (with the fits), parameters and wall-clock, one line per variant
+    through its sizes (error bars: std over seeds); and the fits' residuals."""
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    views = [(axes[0, 0], "training_flops", "training FLOPs"), (axes[0, 1], "n_params", "parameters (total)"),
+             (axes[1, 0], "wall_time_s", "wall-clock seconds (this machine)")]
+    for i, variant in enumerate(variants):
+        for ax, key, _ in views:
+            x, loss, std = variant_points(summaries, variant, labels, key)
+            ax.errorbar(x, loss, yerr=std, color=f"C{i}", marker="o", ms=4, capsize=3, label=variant)
+        fit = fits[variant]
+        if fit is not None:
+            C = np.geomspace(*fit["compute_range"], 100)
+            axes[0, 0].plot(C, fit["E"] + fit["A"] * C ** -fit["alpha"], color=f"C{i}", ls="--", lw=1)
+            x = variant_points(summaries, variant, labels, "training_flops")[0]
+            axes[1, 1].plot(x, fit["residuals"], color=f"C{i}", marker="o", label=variant)
+    for ax, _, xlabel in views:
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("val loss")
+    axes[1, 1].set_xscale("log")
+    axes[1, 1].axhline(0, color="grey", lw=0.8)
+    axes[1, 1].set_xlabel("training FLOPs")
+    axes[1, 1].set_ylabel("val loss - fit")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("val loss per variant through its sizes (dashed: fit of loss on training FLOPs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+# the report
+
+def write_report(out_dir, header, plan, budgets, summaries, variants, reference, seeds, extra):
+    """results.md (a table per size, then the summary and the fit), results.json, loss.png of the
+    largest size's first seed and frontier.png; returns the markdown."""
+    labels = list(budgets)
+    by_size = {label: {v: aggregate([r for r in summaries if r["size"] == label and r["attention"] == v])
+                       for v in variants} for label in labels}
+    analysis = analyse(summaries, labels, variants, reference, seeds)
+    sections = [header]
+    for label in labels:
+        sections.append(f"## {label}\n\n{markdown_table(by_size[label], seeds)}")
+    if len(labels) > 1:
+        sections.append(f"## Summary\n\n{summary_table(summaries, labels, budgets, analysis, variants, seeds)}")
+    markdown = "\n\n".join(sections) + "\n"
+    write_text_atomic(out_dir / "results.md", markdown)
+    write_text_atomic(out_dir / "results.json", json.dumps(
+        {**extra, "budgets": budgets, "plan": [run.as_dict() for run in plan], "results": by_size,
+         "analysis": analysis, "runs": summaries}, indent=2, default=str))
+    plt = pyplot()
+    if plt is None:
+        print("matplotlib is not installed: loss.png and frontier.png skipped (pip install matplotlib); "
+              "the tables are written")
+        return markdown
+    largest = [run for run in plan if run.size == labels[-1] and run.seed == 0]
+    plot_losses(plt, {run.variant: read_log(run.run_dir) for run in largest}, out_dir / "loss.png")
+    if len(labels) > 1:
+        plot_frontier(plt, summaries, labels, variants, analysis["fits"], out_dir / "frontier.png")
+    return markdown
