@@ -271,6 +271,11 @@ def score_example(example, scored, nanogpt_index, harness_index, char_lengths):
     }
 
 
+def check_batch_size(batch_size):
+    if batch_size < 1:
+        raise HellaSwagError(f"batch_size={batch_size} must be at least 1")
+
+
 def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="float32",
              rank=0, world_size=1, progress=False, return_details=False):
     """HellaSwag accuracies of `model` on `examples` (from load_examples).
@@ -284,8 +289,7 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
     Returns {"acc", "acc_norm", "acc_char_norm", "acc_harness", "n", "correct": {metric: count},
     "n_endings_truncated"} (+ "details", this rank's per-example scores, if return_details). The two
     harness metrics are None, and not in "correct", unless every example has HARNESS_FIELDS."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    check_batch_size(batch_size)
     harness = all(has_harness_text(ex) for ex in examples)  # over all examples: every rank decides alike
     metrics = METRICS if harness else tuple(m for m in METRICS if m not in HARNESS_METRICS)
     mine = examples[rank::world_size]
@@ -436,8 +440,7 @@ def main(argv=None):
             torch.set_num_threads(args.threads)
         device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
-        if args.batch_size < 1:
-            raise HellaSwagError(f"--batch_size={args.batch_size} must be at least 1")
+        check_batch_size(args.batch_size)  # before the data and the model are loaded
 
         if args.data_file:
             data_file = Path(args.data_file)

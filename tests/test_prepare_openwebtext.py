@@ -200,6 +200,7 @@ def test_bad_options_are_reported_clearly(tmp_path, no_tokenizing, option, messa
         prepare(str(tmp_path), tmp_path / "out", **option)
 
 
+@pytest.mark.slow  # a subprocess importing datasets: about 5 s on 2 busy cores
 @needs_bpe
 def test_cli_reports_bad_input_without_a_traceback(tmp_path):
     source = write_jsonl(tmp_path / "c.jsonl", [{"body": "a"}])
@@ -220,6 +221,7 @@ def test_a_missing_path_is_reported_before_the_tokenizer_is_loaded(tmp_path, mon
         prepare(str(tmp_path / "missing.jsonl"), tmp_path / "out")
 
 
+@pytest.mark.slow  # a subprocess importing datasets: about 5 s on 2 busy cores
 def test_cli_reports_a_missing_path_without_a_tokenizer_cache(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR")}
     env["TIKTOKEN_CACHE_DIR"] = str(tmp_path / "empty_cache")  # no BPE anywhere: it must not be needed
