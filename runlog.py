@@ -1,14 +1,18 @@
 """
-What a training run logs in its out_dir beside the checkpoint: log.jsonl, one JSON object per logged
-step, evaluation and HellaSwag score (and the same to wandb when asked), written by rank 0. On
-resume, trim_log drops what a stopped or killed run logged past the checkpoint it resumes from.
+What a training run writes in its out_dir beside the checkpoint, on rank 0: log.jsonl, one JSON
+object per logged step, evaluation and HellaSwag score (and the same to wandb when asked), and at
+the end summary.json. On resume, trim_log drops what a stopped or killed run logged past the
+checkpoint it resumes from.
 """
 
 import json
 from pathlib import Path
 
+import torch
+
 from atomic import write_text_atomic
-from checkpoint import LOG_NAME
+from checkpoint import LOG_NAME, SUMMARY_NAME
+from runtime import peak_memory_bytes
 
 
 class RunLog:
@@ -51,3 +55,43 @@ def trim_log(path, last_iter):
     if dropped:
         write_text_atomic(path, "".join(kept))
     return dropped
+
+
+def write_summary(run):
+    timed = run.step_times[1:] or run.step_times  # the first step pays for warm-up / compile
+    mean_dt = sum(timed) / len(timed) if timed else None
+    model = run.raw_model.eval()
+    summary = {
+        "attention": run.model_args["attention"],
+        "model_args": run.model_args,
+        "n_params": model.get_num_params(non_embedding=False),
+        "n_params_non_embedding": model.get_num_params(non_embedding=True),
+        "attention_params": model.get_num_attention_params(),
+        "flops_per_token": model.flops_per_token(),
+        "final_train_loss": run.last_losses["train"],
+        "final_val_loss": run.last_losses["val"],
+        "best_val_loss": run.best_val_loss if run.best_val_loss < 1e9 else None,
+        "iterations": run.iter_num,
+        "iterations_this_run": len(run.step_times),
+        "stop_reason": run.stop_reason,
+        "mean_ms_per_iter": mean_dt * 1000 if mean_dt else None,
+        "tokens_per_s": run.tokens_per_iter / mean_dt if mean_dt else None,
+        "tokens_per_iter": run.tokens_per_iter,
+        "peak_memory_bytes": peak_memory_bytes(run.device),
+        "wall_time_s": run.elapsed(),
+        "device": run.device,
+        "dtype": run.dtype,
+        "world_size": run.world_size,
+        "compile": run.c["compile"],
+        "num_threads": torch.get_num_threads(),
+        "out_dir": str(run.out_dir),
+        "dataset": str(run.data_dir),
+    }
+    if run.master:
+        write_text_atomic(run.out_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
+        final = summary["final_val_loss"]
+        run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_s']:.1f}s, final val loss "
+                f"{final if final is None else round(final, 4)}")
+    if run.log.wandb is not None:
+        run.log.wandb.finish()
+    return summary

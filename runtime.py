@@ -138,9 +138,10 @@ class CpuThreads:
     "Training on a busy CPU"); with one thread fewer it takes about as long as the lost core costs.
     So the load of the other processes is measured from /proc/stat (all busy time minus this
     process's own CPU time, over the wall time between two readings) and the thread count follows the
-    cores they leave free, never above torch's own default. `num_threads` > 0 fixes the count instead; off Linux, or on a
-    GPU, nothing changes. At the model sizes of the CPU configs a step's numbers do not depend on the
-    thread count (a test checks it), so a changing count leaves training reproducible."""
+    cores they leave free, never above torch's own default. `num_threads` > 0 fixes the count
+    instead; off Linux, or on a GPU, nothing changes. Another thread count can change a result in its
+    last bits (a sum split another way), so a run that must repeat or resume bit for bit on CPU sets
+    num_threads (the tests do)."""
 
     def __init__(self, num_threads=0, device="cpu", interval=1.0):
         self.adaptive = (num_threads == 0 and torch.device(device).type == "cpu"
@@ -168,6 +169,8 @@ class CpuThreads:
             return
         now = self._reading()
         wall = now[0] - self.mark[0]
+        if wall <= 0:
+            return
         others = max(0.0, (now[1] - self.mark[1]) - (now[2] - self.mark[2])) / wall  # cores other processes used
         self.mark = now
         free = (os.cpu_count() or 1) - others  # /proc/stat counts every core of the machine

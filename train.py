@@ -40,16 +40,14 @@ import torch
 import torch.distributed as dist
 
 import distributed
-from atomic import write_text_atomic
 from checkpoint import (CHECKPOINT_NAME, SUMMARY_NAME, CheckpointError, first_non_finite, load_checkpoint,
                         load_weights, lock_out_dir, save_checkpoint)
 from configurator import DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config
 from data import Batches, DataError, check_data, choose_vocab_size
 from launcher import LaunchError, launch, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig
-from runlog import RunLog, trim_log
-from runtime import (CpuThreads, StopSignals, autocast_context, peak_flops, peak_memory_bytes, resolve_device,
-                     resolve_dtype)
+from runlog import RunLog, trim_log, write_summary
+from runtime import CpuThreads, StopSignals, autocast_context, peak_flops, resolve_device, resolve_dtype
 
 
 class NonFiniteLossError(RuntimeError):
@@ -420,7 +418,7 @@ def train_loop(run, signals, threads):
             threads.adjust()
     finally:
         run.log.close()
-    return write_summary(run)
+    return write_summary(run)  # runlog.py
 
 
 def forward_backward(run, signals):
@@ -543,49 +541,6 @@ def log_step(run, loss, lr, dt):
             f"{tokens_per_s:,.0f} tokens/s" + ("" if mfu is None else f", mfu {mfu * 100:.2f}%"))
     run.log.write({"type": "train", "iter": run.iter_num, "loss": loss, "lr": lr, "ms_per_iter": dt * 1000,
                    "tokens_per_s": tokens_per_s, "mfu": mfu, "elapsed_s": run.elapsed()})
-
-
-# -----------------------------------------------------------------------------
-# the end
-
-def write_summary(run):
-    timed = run.step_times[1:] or run.step_times  # the first step pays for warm-up / compile
-    mean_dt = sum(timed) / len(timed) if timed else None
-    model = run.raw_model.eval()
-    summary = {
-        "attention": run.model_args["attention"],
-        "model_args": run.model_args,
-        "n_params": model.get_num_params(non_embedding=False),
-        "n_params_non_embedding": model.get_num_params(non_embedding=True),
-        "attention_params": model.get_num_attention_params(),
-        "flops_per_token": model.flops_per_token(),
-        "final_train_loss": run.last_losses["train"],
-        "final_val_loss": run.last_losses["val"],
-        "best_val_loss": run.best_val_loss if run.best_val_loss < 1e9 else None,
-        "iterations": run.iter_num,
-        "iterations_this_run": len(run.step_times),
-        "stop_reason": run.stop_reason,
-        "mean_ms_per_iter": mean_dt * 1000 if mean_dt else None,
-        "tokens_per_s": run.tokens_per_iter / mean_dt if mean_dt else None,
-        "tokens_per_iter": run.tokens_per_iter,
-        "peak_memory_bytes": peak_memory_bytes(run.device),
-        "wall_time_s": run.elapsed(),
-        "device": run.device,
-        "dtype": run.dtype,
-        "world_size": run.world_size,
-        "compile": run.c["compile"],
-        "num_threads": torch.get_num_threads(),
-        "out_dir": str(run.out_dir),
-        "dataset": str(run.data_dir),
-    }
-    if run.master:
-        write_text_atomic(run.out_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
-        final = summary["final_val_loss"]
-        run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_s']:.1f}s, final val loss "
-                f"{final if final is None else round(final, 4)}")
-    if run.log.wandb is not None:
-        run.log.wandb.finish()
-    return summary
 
 
 def main(argv=None):

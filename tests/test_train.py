@@ -250,6 +250,88 @@ def test_resume_with_weights_that_do_not_fit_is_an_error_line(tmp_path, data_dir
     assert "missing: lm_head.weight" in err and str(path) in err
 
 
+def test_resume_without_the_config_names_the_overrides_the_checkpoint_was_trained_with(tmp_path, data_dir, capsys):
+    cfg = tiny(tmp_path, data_dir, max_iters=4, n_layer=1)
+    T.train(cfg, verbose=False)
+    # what a newcomer types: out_dir and init_from only, so the defaults' dataset and model
+    assert T.main([f"--out_dir={cfg['out_dir']}", "--init_from=resume", "--device=cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert "data/openwebtext not found" in err and "was trained with another config" in err
+    assert f"--data_dir={str(data_dir)!r}" in err and "--n_layer=1" in err and "--n_embd=32" in err
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_train_and_changes_nothing(tmp_path, data_dir, capsys):
+    cfg = tiny(tmp_path, data_dir, max_iters=4)
+    T.train(cfg, verbose=False)
+    out = tmp_path / "out"
+    before = {name: (out / name).read_bytes() for name in (CHECKPOINT_NAME, "summary.json", "log.jsonl")}
+    summary = T.train({**cfg, "init_from": "resume"})
+    assert "nothing to train: the checkpoint in" in capsys.readouterr().out
+    assert summary["iterations"] == 4 and summary["final_val_loss"] is not None
+    assert {name: (out / name).read_bytes() for name in before} == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_device_cuda_without_a_gpu_is_one_error_line(tmp_path, data_dir, capsys):
+    assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, device="cuda").items()]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: device='cuda': CUDA is not available here; use device='cpu' (or 'auto')\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_shows_each_key_with_its_meaning_and_choices(capsys):
+    assert T.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for key, choices in (("norm", "layernorm | rmsnorm"), ("pos", "learned | rope"), ("mlp", "gelu | swiglu"),
+                         ("parallelism", "ddp | fsdp"), ("attention", "standard | optimized | efficient | super")):
+        line, meaning = out.split(f"\n  --{key}=", 1)[1].split("\n")[:2]
+        assert meaning.strip() and f"[{choices}]" in meaning
+    assert "python train.py config/train_shakespeare_char_cpu.py" in out  # the CPU example is a CPU-sized config
+
+
+def test_a_second_run_on_a_live_out_dir_stops_with_the_holders_pid(tmp_path, data_dir, capsys):
+    from checkpoint import lock_out_dir
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                               "from checkpoint import lock_out_dir; held = lock_out_dir(sys.argv[2]); print('held', flush=True); "
+                               "time.sleep(60)", str(REPO), str(tmp_path / "out")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]) == 1
+        err = capsys.readouterr().err
+        assert err == (f"error: {tmp_path / 'out'} is in use by another training run (PID {holder.pid}): wait for it "
+                       f"to finish or stop it, or choose another out_dir\n")
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    lock_out_dir(tmp_path / "out").close()  # the kernel released the dead holder's lock
+
+
+def test_cpu_threads_follow_the_cores_other_processes_leave_free(monkeypatch):
+    from runtime import CpuThreads
+
+    current = [4]  # torch's default on a 4-core machine
+    monkeypatch.setattr(torch, "get_num_threads", lambda: current[-1])
+    monkeypatch.setattr(torch, "set_num_threads", current.append)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(CpuThreads, "_reading", staticmethod(lambda: (0.0, 0.0, 0.0)))
+    threads = CpuThreads(num_threads=0, device="cpu", interval=0.0)
+    assert threads.adaptive and current == [4]  # no time passed: no reading of the load yet
+    for others, expected in ((1.0, 3), (2.6, 1), (3.9, 1), (0.4, 4), (0.0, 4)):
+        # a reading is (wall s, busy CPU-s of the whole machine, this process's CPU-s): over one
+        # second this process used one CPU-second and the other processes `others`
+        threads.mark = (0.0, 0.0, 0.0)
+        monkeypatch.setattr(CpuThreads, "_reading", staticmethod(lambda: (1.0, 1.0 + others, 1.0)))
+        threads.adjust()
+        assert current[-1] == expected
+    assert current == [4, 3, 1, 4]  # torch is told only when the count changes
+    CpuThreads(num_threads=2, device="cpu")
+    assert current[-1] == 2
+
+
 # -----------------------------------------------------------------------------
 # a run and what it writes
 
