@@ -103,6 +103,19 @@ def test_split_is_deterministic_for_a_seed(tmp_path):
 
 
 @needs_bpe
+@pytest.mark.parametrize("val_fraction", [0.1, 0.0005])
+def test_the_split_is_nanogpts_document_for_document(tmp_path, val_fraction):
+    documents = make_documents(1999)  # 0.0005 of them is 0.9995: one val document, rounded up as datasets does
+    source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": doc} for doc in documents])
+    prepare(str(source), tmp_path / "out", val_fraction=val_fraction)
+    # NanoGPT's own call, on the same documents
+    nanogpt = datasets.Dataset.from_dict({"text": documents}).train_test_split(test_size=val_fraction, seed=2357,
+                                                                               shuffle=True)
+    assert read_split(tmp_path / "out" / "val.bin") == nanogpt["test"]["text"]  # the same documents, in order
+    assert read_split(tmp_path / "out" / "train.bin") == nanogpt["train"]["text"]
+
+
+@needs_bpe
 def test_two_processes_write_the_same_files_as_one(tmp_path):
     source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": doc} for doc in make_documents(30)])
     for num_proc in (1, 2):
