@@ -39,8 +39,10 @@ from pathlib import Path
 import torch
 import torch._dynamo  # noqa: F401  (AdamW imports it: imported here once, every forked run starts warm)
 
+import distributed
 import train
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, CheckpointError, first_non_finite, load_checkpoint
+from launcher import child_pids
 from model import GPT
 from prepare_char import prepare, stdlib_corpus
 
@@ -188,18 +190,111 @@ def kill_chain(data_dir, work, n_kills, rng):
     return totals, f"ckpt.pt takes {write_time * 1000:.0f} ms to write, {max_iters} iterations"
 
 
-def finish_chain(data_dir, out, reference, common, iteration, totals, work):
+def finish_chain(data_dir, out, reference, common, iteration, totals, work, before=None):
     """The last run of the chain goes to the end; it must match the uninterrupted reference."""
     log = work / "kill-final.txt"
     args = config_args(data_dir, out, **common, init_from="resume" if iteration else "scratch")
     totals["runs"] += 1
-    if wait_status(fork_train(args, log)) != 0:
+    if wait_status(fork_train(args, log, before)) != 0:
         totals["failed_resume"] += 1
         print(f"  the final resume failed: {log}")
         return
     a, b = load_checkpoint(out)["model"], load_checkpoint(reference)["model"]
     totals["identical"] = all(torch.equal(a[k], b[k]) for k in b)
     totals["log_once"] = logged_iterations(out) == list(range(1, common["max_iters"] + 1))
+
+
+# -----------------------------------------------------------------------------
+# SIGKILL while a sharded (FSDP) checkpoint is written and committed
+
+# the directory steps of distributed.settle_shards, at a commit or at the start of the next save
+COMMIT_STEPS = [("rename", distributed.SHARDED_NAME, distributed.SHARDED_NAME + ".old"),
+                ("rename", distributed.SHARDED_NAME + ".tmp", distributed.SHARDED_NAME),
+                ("remove", distributed.SHARDED_NAME + ".old")]
+
+
+def world_of_one():
+    """In the forked child: torchrun's environment for one process, so that train.py shards (FSDP
+    with one rank writes and commits its checkpoint as many ranks do)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def sigkill_after(step):
+    """In the forked child: SIGKILL itself right after the first directory step equal to `step`."""
+    real_replace, real_remove = os.replace, distributed._remove
+
+    def replace(source, target):
+        real_replace(source, target)
+        if ("rename", Path(source).name, Path(target).name) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def remove(folder):
+        existed = folder.exists()
+        real_remove(folder)
+        if existed and ("remove", folder.name) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    os.replace, distributed._remove = replace, remove
+
+
+def sharded_iteration(out_dir):
+    """(iteration of the newest complete sharded folder, None) if it loads, else (None, what is wrong)."""
+    try:
+        return distributed.load_train_state(out_dir)["iter_num"], None
+    except CheckpointError as e:
+        return None, str(e)
+
+
+def sharded_kill_once(args, out_dir, log, expected_start, target, delay):
+    """Start a resumed (or first) FSDP run and SIGKILL it: `delay` s into the write of its shards
+    (target None), or right after a step of the commit; return this kill's figures."""
+    tmp = Path(out_dir) / (distributed.SHARDED_NAME + ".tmp")
+    pid = fork_train(args, log, before=lambda: (world_of_one(), target and sigkill_after(target)))
+    if target is None:
+        while not tmp.exists() and not os.waitpid(pid, os.WNOHANG)[0]:
+            time.sleep(0.0005)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+    status = wait_status(pid)
+    resumed_at = reported(log, RESUMED)
+    iteration, problem = sharded_iteration(out_dir) if expected_start or Path(out_dir, CHECKPOINT_NAME).exists() \
+        else (0, None)  # killed in the chain's first save: nothing to keep yet
+    last_save = max(reported(log, SAVED), default=expected_start)
+    return dict(kill=int(status == -signal.SIGKILL), corrupted=int(problem is not None),
+                failed_resume=int(expected_start > 0 and resumed_at != [expected_start]),
+                lost=max(0, last_save - (iteration or 0)), iteration=iteration, note=problem)
+
+
+def sharded_kill_chain(data_dir, work, n_kills, rng):
+    """Kills in turn: mid-write of the shards at a random moment, then right after a random step of a
+    commit (both rename windows and the removal of .old, so that one kill often follows another)."""
+    eval_interval = 2
+    max_iters = eval_interval * (n_kills + 1)
+    common = dict(model=KILL_MODEL, max_iters=max_iters, lr_decay_iters=max_iters, eval_interval=eval_interval,
+                  parallelism="fsdp")
+    reference = work / "fsdp-reference"
+    assert wait_status(fork_train(config_args(data_dir, reference, **common), work / "fsdp-reference.txt",
+                                  before=world_of_one)) == 0, "the FSDP reference run failed"
+    out = work / "fsdp-chain"
+    totals, iteration = dict(runs=0, kill=0, corrupted=0, failed_resume=0, lost=0, in_commit=0), 0
+    for k in range(n_kills):
+        args = config_args(data_dir, out, **common, init_from="resume" if iteration else "scratch")
+        target = rng.choice(COMMIT_STEPS) if k % 2 else None
+        figures = sharded_kill_once(args, out, work / f"fsdp-kill-{k}.txt", iteration, target, rng.uniform(0, 0.3))
+        figures["in_commit"] = int(target is not None)
+        for key in totals:
+            totals[key] += figures.get(key, 0)
+        totals["runs"] += 1
+        if figures.get("note"):
+            print(f"  FSDP kill {k}: {figures['note']}")
+        iteration = figures.get("iteration") or iteration
+    finish_chain(data_dir, out, reference, common, iteration, totals, work, before=world_of_one)
+    return totals, f"{max_iters} iterations"
 
 
 # -----------------------------------------------------------------------------
@@ -219,7 +314,7 @@ def deliver(mode, proc):
     elif mode == "SIGINT to the process group":
         os.killpg(proc.pid, signal.SIGINT)
     else:
-        for pid in train.child_pids(proc.pid):
+        for pid in child_pids(proc.pid):
             os.kill(pid, signal.SIGTERM)
 
 
@@ -344,6 +439,8 @@ def print_table(rows):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=100, help="SIGKILLs during checkpoint writes")
+    parser.add_argument("--sharded_kills", type=int, default=30,
+                        help="SIGKILLs during FSDP checkpoint writes and commits")
     parser.add_argument("--signals", type=int, default=6, help="signalled 2-process DDP runs")
     parser.add_argument("--nans", type=int, default=10, help="runs that diverge at a random iteration")
     parser.add_argument("--seed", type=int, default=0)
@@ -363,6 +460,13 @@ def main(argv=None):
                          f"{totals['during_save']} mid-write (temporary file left), the rest just after the rename; "
                          f"{note}; final weights identical to an uninterrupted run: {totals.get('identical')}; "
                          f"log.jsonl one record per iteration: {totals.get('log_once')}"))
+        if args.sharded_kills:
+            totals, note = sharded_kill_chain(data_dir, work, args.sharded_kills, rng)
+            rows.append(("SIGKILL in a sharded save (FSDP)", totals,
+                         f"{totals['kill'] - totals['in_commit']} mid-write of the shards, {totals['in_commit']} right "
+                         f"after a rename or removal of a commit; {note}; final weights identical to an "
+                         f"uninterrupted run: {totals.get('identical')}; log.jsonl one record per iteration: "
+                         f"{totals.get('log_once')}"))
         if args.signals:
             rows.append(("SIGTERM/SIGINT, 2-process DDP", *signal_runs(data_dir, work, args.signals, rng)))
         if args.nans:
