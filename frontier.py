@@ -273,7 +273,7 @@ def train_once(run, status, launcher, forwarder):
     segments = record["wall_time_s"] if record else []
     run.run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "wall_time_s": segments}))
-    args = run.train_args + (["--init_from='resume'"] if status == "resume" else [])
+    args = run.train_args + (["--init_from=resume"] if status == "resume" else [])
     command = (shlex.split(launcher) if launcher else [sys.executable]) + [str(REPO / "train.py"), *args]
     print(shlex.join(command), flush=True)
     code = forwarder.run(command)
@@ -587,7 +587,8 @@ def plot_frontier(plt, summaries, labels, variants, fits, path):
     axes[1, 1].set_ylabel("val loss - fit")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle("val loss per variant through its sizes (dashed: fit of loss on training FLOPs)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -620,7 +621,8 @@ def write_report(out_dir, header, plan, budgets, summaries, variants, reference,
               "the tables are written")
         return markdown
     largest = [run for run in plan if run.size == labels[-1] and run.seed == 0]
-    plot_losses(plt, {run.variant: read_log(run.run_dir) for run in largest}, out_dir / "loss.png")
+    if largest:
+        plot_losses(plt, {run.variant: read_log(run.run_dir) for run in largest}, out_dir / "loss.png")
     if len(labels) > 1:
         plot_frontier(plt, summaries, labels, variants, analysis["fits"], out_dir / "frontier.png")
     return markdown

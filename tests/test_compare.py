@@ -269,7 +269,7 @@ def test_a_rerun_with_other_settings_is_refused(tiny_run, capsys):
 def test_an_interrupted_sweep_finishes_on_rerun_without_repeating_a_run(tiny_run, capsys):
     config, out_dir = tiny_run
     argv = [str(config), "--variants=standard,efficient", "--match=flops", "--sizes=1x1x16,1x2x16",
-            "--max_iters=400", f"--out_dir={out_dir}"]
+            "--max_iters=150", f"--out_dir={out_dir}"]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     sweep = subprocess.Popen([sys.executable, "compare.py", *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
@@ -291,8 +291,8 @@ def test_an_interrupted_sweep_finishes_on_rerun_without_repeating_a_run(tiny_run
 
     assert compare.main(argv) == 0
     out = capsys.readouterr().out
-    assert "=== run 1 of 4: standard at 1x1x16, seed 0, 400 iters: finished already, skipped" in out
-    assert out.count("finished already") == 1 and "(resuming)" in out and "--init_from='resume'" in out
+    assert "=== run 1 of 4: standard at 1x1x16, seed 0, 150 iters: finished already, skipped" in out
+    assert out.count("finished already") == 1 and "(resuming)" in out and "--init_from=resume" in out
     assert (first / "summary.json").read_text() == first_summary  # not trained again
     for run in runs:
         summary = json.loads((out_dir / run["size"] / f"{run['variant']}-seed0" / "summary.json").read_text())
