@@ -14,26 +14,16 @@ embedding. Options of the same GPTConfig make the blocks Llama-style (docs/llama
 (norm='rmsnorm'), rotary position embeddings (pos='rope'), a SwiGLU MLP (mlp='swiglu'), an untied
 head (tie_embeddings=False), and grouped-query attention for standard (n_kv_head < n_head).
 
-With pos='rope', in every variant the queries and keys of head i are rotated by R_p, the rotation of
-their own absolute position p, and the values never are, so the scores see only relative positions
-and the weighted sum is of the variant's own values:
-
-    standard   H_i = softmax(R X W^Q_i (R X W^K_i)^T / sqrt(d_k)) X W^V_i
-    optimized  H_i = softmax(R X W^Q_i (R X W^K_i)^T / sqrt(d_k)) X_i
-    efficient  H_i = softmax(R X W^Q_i (R X_i)^T / sqrt(d_k)) X_i          keys R X_i, values X_i
-    super      H_i = softmax(R X W^Q_i (R X_i)^T / sqrt(d_k)) (W^A X_i + b)   W^A mixes unrotated X_i
-
-so efficient's and super's keys (rotated) and values (not) are no longer one tensor: with RoPE the KV
-cache stores both, as standard's does. Rotating the values too would keep one tensor, but then each
-value would carry its absolute position into the output and, for super, W^A would mix vectors
-turned by different angles; the RoFormer/Llama rule (rotate the scores' operands only) is kept.
+With pos='rope', in every variant the queries and keys of head i are rotated by R_p, the rotation of their
+own absolute position p, and the values never are (RoFormer's and Llama's rule), so efficient's and
+super's keys (rotated X_i) and values (plain X_i) are two tensors: docs/llama.md.
 
 The four attention classes stand side by side below; they differ only in `project` (which of Q, K, V
 are learned) and, for super, in `align` and in the hooks that follow from W^A (its FLOPs, its decay,
-its cropping). docs/adding-a-variant.md shows how to add a fifth.
+its cropping). docs/adding-a-variant.md shows how to add a fifth. Generation (the KV cache, the
+decoding loop, compiled decoding) is in generate.py, behind GPT.generate.
 """
 
-import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -41,7 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import generate
 
 
 @dataclass
@@ -67,20 +58,13 @@ class GPTConfig:
     n_kv_head: int = 0  # key/value heads of standard attention (grouped-query); 0 = n_head
 
     def __post_init__(self):
-        if self.attention not in ATTENTION_CLASSES:
-            raise ValueError(
-                f"unknown attention={self.attention!r}; choose one of {', '.join(ATTENTION_CLASSES)}"
-            )
-        if self.gelu_approximate not in ("none", "tanh"):
-            raise ValueError(f"unknown gelu_approximate={self.gelu_approximate!r}; choose 'none' (exact) or 'tanh'")
-        for name, choices in (("norm", NORMS), ("pos", POSITIONS), ("mlp", MLPS)):
+        for name, choices in (("attention", ATTENTION_CLASSES), ("gelu_approximate", ("none", "tanh")),
+                              ("norm", NORMS), ("pos", POSITIONS), ("mlp", MLPS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name}={getattr(self, name)!r}; choose one of {', '.join(choices)}")
         if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
-                f"each head takes n_embd / n_head columns, so pick n_head among the divisors of n_embd"
-            )
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: each head takes "
+                             f"n_embd / n_head columns, so pick n_head among the divisors of n_embd")
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
@@ -106,11 +90,10 @@ class GPTConfig:
             raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} (each key/value head "
                              f"serves n_head / n_kv_head query heads), or be 0 for n_kv_head = n_head")
         if self.n_kv_head not in (0, self.n_head) and ATTENTION_CLASSES[self.attention].n_learned_inputs < 3:
-            raise ValueError(
-                f"n_kv_head={self.n_kv_head} != n_head={self.n_head} needs learned W^K and W^V to share between "
-                f"query heads, but {self.attention} attention's values (and for efficient and super its keys too) "
-                f"are the slices X_i of its input, one per query head: set n_kv_head=0, or use attention='standard'"
-            )
+            raise ValueError(f"n_kv_head={self.n_kv_head} != n_head={self.n_head} needs learned W^K and W^V to share "
+                             f"between query heads, but {self.attention} attention's values (and for efficient and "
+                             f"super its keys too) are the slices X_i of its input, one per query head: set "
+                             f"n_kv_head=0, or use attention='standard'")
 
 
 class LayerNorm(nn.Module):
@@ -156,96 +139,6 @@ def apply_rotary(t, rope):
     first, second = t.view(B, T, -1, 2 * cos.size(-1)).chunk(2, dim=-1)
     turned = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
     return turned.view(B, T, C)
-
-
-class KVCache:
-    """Past keys and values of every layer, for incremental decoding, preallocated to max_len positions.
-
-    Rows are kept as (B, max_len, width), before the head split (width is n_embd, or n_kv_head * d_k for
-    grouped-query keys and values), so that efficient and super store the raw block input once and use
-    it as both keys and values (not with RoPE: its keys are rotated, its values not); super also keeps
-    its aligned values. The buffers start at zero: rows not yet written are masked out of the scores
-    and meet only zeros of super's W^A, and 0 * 0 stays 0 where uninitialised memory could hold a NaN.
-
-    A forward either *grows* the cache (eager decoding: its tokens go at `length`, the rows so far are a
-    view that grows a row a step) or, given `input_pos`, writes at those positions and attends to all
-    max_len rows with the later ones masked (compiled decoding: every step has the same shapes and
-    buffer addresses, which is what a CUDA graph replays).
-    """
-
-    def __init__(self, n_layer, max_len):
-        self.max_len = max_len
-        self.length = 0  # positions filled so far
-        self.layers = [{} for _ in range(n_layer)]
-
-    def step(self, T, device, input_pos=None):
-        """Where the T tokens of one forward go, and what each may attend to."""
-        if input_pos is not None:
-            return CacheStep(self, input_pos, fixed_size=True)
-        if self.length + T > self.max_len:
-            raise ValueError(f"the cache holds {self.max_len} positions; {self.length} are used, {T} more do not fit")
-        return CacheStep(self, torch.arange(self.length, self.length + T, device=device), fixed_size=False)
-
-    def buffer(self, layer, name, rows):
-        """Layer `layer`'s buffer `name`, made on first use with the batch size, width and dtype of rows."""
-        buffer = self.layers[layer].get(name)
-        B, _, C = rows.shape
-        if buffer is None or buffer.shape != (B, self.max_len, C) or buffer.dtype != rows.dtype:
-            buffer = self.layers[layer][name] = rows.new_zeros(B, self.max_len, C)
-            # a fixed address lets a CUDA graph update the buffer in place instead of copying it each step
-            torch._dynamo.mark_static_address(buffer)
-        return buffer
-
-
-class CacheStep:
-    """One forward through a KVCache: the positions of its tokens and, per layer, the cached rows."""
-
-    def __init__(self, cache, positions, fixed_size):
-        self.cache, self.positions, self.fixed_size = cache, positions, fixed_size
-        self.start = None if fixed_size else cache.length
-        window = cache.max_len if fixed_size else cache.length + len(positions)
-        # visible[t, s]: the t-th new token may attend to window position s (s <= its own position)
-        self.visible = torch.arange(window, device=positions.device) <= positions[:, None]
-
-    def store(self, layer, name, rows):
-        """Put this step's rows (B, T, C) into the cache; return the rows of the whole window."""
-        buffer = self.cache.buffer(layer, name, rows)
-        if self.fixed_size:
-            buffer.index_copy_(1, self.positions, rows)
-            return buffer
-        buffer[:, self.start : self.start + rows.size(1)] = rows
-        return buffer[:, : self.start + rows.size(1)]
-
-    def attention_mask(self):
-        """(attn_mask, is_causal) for scaled_dot_product_attention: a growing cache avoids the mask
-        where it can, so that a prompt entering an empty cache and single-token steps stay on the
-        fastest kernels."""
-        if not self.fixed_size and self.start == 0:
-            return None, len(self.positions) > 1
-        if not self.fixed_size and len(self.positions) == 1:
-            return None, False
-        return self.visible, False
-
-    def layer(self, index):
-        return LayerStep(self, index)
-
-    def finish(self):
-        if not self.fixed_size:
-            self.cache.length += len(self.positions)
-
-
-class LayerStep:
-    """A CacheStep seen from one layer: what an attention module reads and writes."""
-
-    def __init__(self, step, index):
-        self.step, self.index = step, index
-        self.positions, self.visible = step.positions, step.visible
-
-    def store(self, name, rows):
-        return self.step.store(self.index, name, rows)
-
-    def attention_mask(self):
-        return self.step.attention_mask()
 
 
 class CausalSelfAttention(nn.Module):
@@ -312,7 +205,7 @@ class CausalSelfAttention(nn.Module):
         return t if self.n_kv_head == self.n_head else t.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
 
     def forward(self, x, cache=None, rope=None):
-        """x (B, T, n_embd); cache, when decoding, is this layer's LayerStep of a KVCache; rope, with
+        """x (B, T, n_embd); cache, when decoding, is this layer's generate.CacheStep; rope, with
         pos='rope', the (cos, sin) of the tokens' absolute positions (rotary_cos_sin)."""
         B, T, C = x.size()
         q, k, v = self.project(x)
@@ -331,54 +224,11 @@ class CausalSelfAttention(nn.Module):
         """H_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i for every head at once, causal: (B, n_head, T, d_k)
         queries against (B, n_head, S, d_k) keys and values. A variant that changes the scores or the
         mask (a temperature, a window) overrides this."""
-        attn_mask, is_causal = (None, q.size(2) > 1) if cache is None else cache.attention_mask()
+        attn_mask, is_causal = (None, q.size(2) > 1) if cache is None else cache.attention_mask
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
         )
-
-    # The variant stated literally, unfused, one head at a time, for one sequence: the tests hold
-    # `forward` (fused, cached, compiled) to it. A variant overrides the hooks where its equation differs.
-    def reference(self, x):
-        T, d = x.shape
-        dk = self.head_dim
-        W = self.c_attn.weight
-        b = self.c_attn.bias if self.c_attn.bias is not None else torch.zeros(W.size(0), device=x.device)
-        # the learned inputs come in the order W^Q, W^K, W^V; those not learned are X itself
-        rows = [0, d, d + self.kv_dim, d + 2 * self.kv_dim][: self.n_learned_inputs + 1]
-        learned = [x @ W[r0:r1].T + b[r0:r1] for r0, r1 in zip(rows, rows[1:])]
-        Q, K, V = (learned + [x, x])[:3]
-        V = self.reference_values(V)
-        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        heads = []
-        for i in range(self.n_head):
-            cols = slice(i * dk, (i + 1) * dk)
-            j = i // (self.n_head // self.n_kv_head)  # the key/value head query head i shares
-            kv_cols = slice(j * dk, (j + 1) * dk)
-            q, k = self.reference_rotate(Q[:, cols]), self.reference_rotate(K[:, kv_cols])
-            scores = self.reference_scores(q @ k.T / math.sqrt(dk), i)
-            heads.append(torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ V[:, kv_cols])
-        return self.c_proj(torch.cat(heads, dim=1))
-
-    def reference_rotate(self, t):
-        """RoPE as RoFormer writes it: row p of one head's (T, d_k) queries or keys times the block
-        rotation matrix R_p, which turns the pair (m, m + d_k/2) by p * theta^(-2m/d_k)."""
-        if self.rope_theta is None:
-            return t
-        T, dk = t.shape
-        half = dk // 2
-        angle = torch.arange(T, dtype=torch.float64)[:, None] * self.rope_theta ** (-2 * torch.arange(half) / dk)
-        R = torch.zeros(T, dk, dk, dtype=torch.float64)
-        m = torch.arange(half)
-        R[:, m, m], R[:, m, m + half] = angle.cos(), -angle.sin()
-        R[:, m + half, m], R[:, m + half, m + half] = angle.sin(), angle.cos()
-        return torch.einsum("pij,pj->pi", R.to(t), t)
-
-    def reference_values(self, v):
-        return v
-
-    def reference_scores(self, scores, head):
-        return scores
 
 
 class StandardAttention(CausalSelfAttention):
@@ -434,10 +284,6 @@ class SuperAttention(EfficientAttention):
         rows = torch.matmul(kernel.to(v.dtype), v) + bias[:, None].to(v.dtype)
         return rows if cache is None else cache.store("v_aligned", rows)
 
-    def reference_values(self, v):
-        T = v.size(0)
-        return torch.tril(self.align_weight[:T, :T]) @ v + self.align_bias[:T, None]  # V' = W^A V + b
-
     def num_structural_zeros(self):
         return self.block_size * (self.block_size - 1) // 2
 
@@ -463,8 +309,6 @@ ATTENTION_CLASSES = {
 }
 ATTENTION_VARIANTS = ("standard", "optimized", "efficient", "super")  # the paper's four
 PRETRAINED_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # 124M, 350M, 774M, 1558M
-
-
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")
@@ -538,7 +382,6 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        self._compiled = {}  # generate(compile=True)'s decode step and its cache, made on first use
 
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer)
@@ -576,22 +419,16 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, all_logits=False, kv_cache=None, input_pos=None):
         """Logits and loss. With targets, or with all_logits=True, logits cover every position
         (B, T, vocab); otherwise only the last one (B, 1, vocab), which is all sampling needs.
-        kv_cache is a KVCache (see `generate`); input_pos, a tensor of positions, makes the step
-        write there with fixed shapes instead of growing the cache."""
+        When decoding, kv_cache is a generate.KVCache, which the tokens grow; given input_pos (T,), a
+        tensor of positions, they are written there with fixed shapes instead (compiled decoding)."""
         B, T = idx.size()
-        start = 0 if kv_cache is None or input_pos is not None else kv_cache.length
-        if start + T > self.config.block_size:
-            raise ValueError(
-                f"cannot forward a sequence of {start + T} tokens: block_size is {self.config.block_size}. "
-                f"Crop the input to its last {self.config.block_size} tokens"
-            )
-        step = None if kv_cache is None else kv_cache.step(T, idx.device, input_pos)
-        pos = torch.arange(T, device=idx.device) if step is None else step.positions
-        x, rope = self.embed(idx, pos)
-        for i, block in enumerate(self.transformer.h):
-            x = block(x, None if step is None else step.layer(i), rope)
-        if step is not None:
-            step.finish()
+        if T > self.config.block_size:
+            raise ValueError(f"cannot forward a sequence of {T} tokens: block_size is {self.config.block_size}. "
+                             f"Crop the input to its last {self.config.block_size} tokens")
+        caches = [None] * len(self.transformer.h) if kv_cache is None else kv_cache.steps(T, idx.device, input_pos)
+        x, rope = self.embed(idx, torch.arange(T, device=idx.device) if kv_cache is None else caches[0].positions)
+        for block, cache in zip(self.transformer.h, caches):
+            x = block(x, cache, rope)
         x = self.transformer.ln_f(x)
 
         if targets is not None:
@@ -615,7 +452,6 @@ class GPT(nn.Module):
         if not 0 < block_size <= self.config.block_size:
             raise ValueError(f"crop_block_size({block_size}): must be in 1..{self.config.block_size}")
         self.config.block_size = block_size
-        self._compiled.clear()
         if "wpe" in self.transformer:  # RoPE has no table: its angles are computed for any position
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         for block in self.transformer.h:
@@ -629,18 +465,14 @@ class GPT(nn.Module):
         override_args = dict(override_args or {})
         attention = override_args.pop("attention", "standard")
         if attention != "standard":
-            raise ValueError(
-                f"pretrained GPT-2 weights exist for standard attention only, not attention={attention!r}: "
-                f"train the {attention} variant from scratch (init_from='scratch')"
-            )
+            raise ValueError(f"pretrained GPT-2 weights exist for standard attention only, not attention="
+                             f"{attention!r}: train the {attention} variant from scratch (init_from='scratch')")
         unknown = set(override_args) - {"dropout"}
         if unknown:
             raise ValueError(f"only dropout can be overridden for pretrained weights, not {sorted(unknown)}")
         if model_type not in PRETRAINED_GPT2 and not os.path.isdir(model_type):
-            raise ValueError(
-                f"unknown pretrained model {model_type!r}; choose one of {', '.join(PRETRAINED_GPT2)} "
-                f"or a local folder holding a Hugging Face GPT-2 checkpoint"
-            )
+            raise ValueError(f"unknown pretrained model {model_type!r}; choose one of {', '.join(PRETRAINED_GPT2)} "
+                             f"or a local folder holding a Hugging Face GPT-2 checkpoint")
         try:
             from transformers import GPT2LMHeadModel
         except ImportError as e:
@@ -708,94 +540,9 @@ class GPT(nn.Module):
         flops_per_iter = self.flops_per_token(T) * T * fwdbwd_per_iter
         return flops_per_iter / dt / peak_flops
 
-    def new_kv_cache(self):
-        return KVCache(self.config.n_layer, self.config.block_size)
-
-    @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, compile=False):
-        """Sample max_new_tokens tokens after idx (B, T). Past block_size the context slides: the
-        model sees the last block_size tokens, as NanoGPT does. Since every position shifts when
-        the window moves, the cache is then refilled from the new window, so the result equals the
-        uncached computation. Greedy decoding is top_k=1.
-
-        compile=True decodes with fixed shapes (the token at a position tensor, attention over the
-        whole preallocated cache with the future masked) through torch.compile; on CUDA that is
-        one CUDA graph replay per token. The prompt and each refill run eagerly."""
-        check_sampling(temperature, top_k)
-        if compile and not use_kv_cache:
-            raise ValueError("compile=True decodes from the KV cache: leave use_kv_cache=True")
-        with decoding_attention_kernels(idx.device):
-            if not use_kv_cache:
-                for _ in range(max_new_tokens):
-                    logits, _ = self(idx[:, -self.config.block_size:])
-                    idx = torch.cat((idx, sample_next(logits[:, -1], temperature, top_k)), dim=1)
-                return idx
-            return self._generate_cached(idx, max_new_tokens, temperature, top_k, compile)
-
-    def _generate_cached(self, idx, max_new_tokens, temperature, top_k, compile):
-        block_size = self.config.block_size
-        cache = self._compiled_decode_cache() if compile else self.new_kv_cache()
-        cache.length = 0
-        decode = self._compiled_decode_step() if compile else None
-        input_pos = torch.zeros(1, dtype=torch.long, device=idx.device)
-        for _ in range(max_new_tokens):
-            if cache.length == 0 or idx.size(1) > block_size:  # first step, or the window slid: refill
-                cache.length = 0
-                logits, _ = self(idx[:, -block_size:], kv_cache=cache)
-                logits = logits[:, -1]
-            elif decode is None:
-                logits = self(idx[:, -1:], kv_cache=cache)[0][:, -1]
-            else:
-                input_pos.fill_(cache.length)
-                torch.compiler.cudagraph_mark_step_begin()
-                logits = decode(idx[:, -1:], input_pos, cache)
-                cache.length += 1
-            idx = torch.cat((idx, sample_next(logits, temperature, top_k)), dim=1)
-        return idx
-
-    def _decode_step(self, token, input_pos, cache):
-        """Logits (B, vocab) of one token (B, 1) at position input_pos, a fixed-shape cache step."""
-        return self(token, kv_cache=cache, input_pos=input_pos)[0][:, -1]
-
-    def _compiled_decode_step(self):
-        # compiled once per model and kept: later generate calls reuse the graphs
-        if "decode" not in self._compiled:
-            # every model, batch size and autocast dtype gets its own graph under the one code object
-            # of _decode_step: let a process that samples several models (benchmarks, tests) keep them
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            on_cuda = next(self.parameters()).is_cuda
-            self._compiled["decode"] = torch.compile(
-                self._decode_step, mode="reduce-overhead" if on_cuda else None, fullgraph=True)
-        return self._compiled["decode"]
-
-    def _compiled_decode_cache(self):
-        # kept across generate calls: the same buffer addresses let a CUDA graph be replayed, not re-recorded
-        cache = self._compiled.get("cache")
-        if cache is None or cache.max_len != self.config.block_size:
-            cache = self._compiled["cache"] = self.new_kv_cache()
-        return cache
-
-
-def check_sampling(temperature, top_k):
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be positive (use top_k=1 for greedy decoding)")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be at least 1, or None for no cut")
-
-
-def sample_next(logits, temperature=1.0, top_k=None):
-    """One token per row (B, 1) from the last position's logits (B, vocab)."""
-    logits = logits / temperature
-    if top_k is not None:
-        kth_largest = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-        # torch.where, not boolean indexing: no device-to-host sync on the GPU
-        logits = torch.where(logits < kth_largest, float("-inf"), logits)
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-
-
-def decoding_attention_kernels(device):
-    """SDPA backends for decoding. On CUDA, cuDNN's attention is left out: it builds a new plan for
-    every new sequence length, i.e. at every step of a growing cache, and that dominated decoding."""
-    if torch.device(device).type != "cuda":
-        return contextlib.nullcontext()
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+        """Sample max_new_tokens tokens after idx (B, T), as NanoGPT does: past block_size the model sees
+        the last block_size tokens. Greedy decoding is top_k=1. With the KV cache (the default) each
+        step runs one token; compile=True runs those steps through torch.compile. The loop and the
+        cache are in generate.py."""
+        return generate.generate(self, idx, max_new_tokens, temperature, top_k, use_kv_cache, compile)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import CheckpointError, load_model_and_tokenizer
-from model import check_sampling
+from generate import check_sampling
 from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype, synchronize
 from tokenizer import TokenizerUnavailableError
 
@@ -69,11 +69,9 @@ def safe_decode(tokenizer, ids):
 
 def sample(model, tokenizer, start_ids, num_samples, max_new_tokens, temperature=0.8, top_k=200,
            device="cpu", dtype="float32", use_kv_cache=True, compile=False):
-    """Generate num_samples continuations one after the other. Returns (texts, seconds spent generating);
-    with compile=True the first sample's time includes compiling."""
-    check_sampling(temperature, top_k)
-    if max_new_tokens < 0 or num_samples < 1:
-        raise ValueError("max_new_tokens must be >= 0 and num_samples >= 1")
+    """Generate num_samples continuations one after the other (model.generate checks the sampling
+    arguments). Returns (texts, seconds spent generating); with compile=True the first sample's time
+    includes compiling."""
     x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]
     texts, seconds = [], 0.0
     with torch.no_grad(), autocast_context(device, dtype):
@@ -108,14 +106,13 @@ def parse_args(argv=None):
 
 
 def check_arguments(args):
-    if args.temperature <= 0:
-        raise SampleError(f"--temperature={args.temperature} must be positive (for greedy decoding use --top_k 1)")
-    if args.num_samples < 1 or args.max_new_tokens < 0:
-        raise SampleError("--num_samples must be at least 1 and --max_new_tokens at least 0")
-    if args.top_k < 0:
-        raise SampleError("--top_k must be >= 1, or 0 for no cut")
-    if args.compile and args.no_kv_cache:
-        raise SampleError("--compile decodes from the KV cache: drop --no_kv_cache")
+    """Before loading any weights: the sampling arguments as generate.py checks them, and ours."""
+    if args.num_samples < 1:
+        raise SampleError(f"--num_samples={args.num_samples} must be at least 1")
+    try:
+        check_sampling(args.temperature, args.top_k or None, args.max_new_tokens, not args.no_kv_cache, args.compile)
+    except ValueError as e:
+        raise SampleError(str(e)) from e
 
 
 def main(argv=None):

@@ -1,4 +1,5 @@
-"""Shared test fixtures: where the repo and the optional ../shared folder beside it live."""
+"""Shared test fixtures: where the repo and the optional ../shared folder beside it live, the tiny models
+the model tests build in three shapes (GPT-2-style, Llama-style, grouped-query), and the `slow` marker."""
 import os
 import sys
 from pathlib import Path
@@ -14,9 +15,17 @@ SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 sys.path.insert(0, str(REPO))
 
 import example_variant  # noqa: E402  registers the worked fifth variant, "temperature"
-from model import ATTENTION_CLASSES  # noqa: E402
+from model import ATTENTION_CLASSES, GPT, GPTConfig  # noqa: E402
 
 VARIANTS = list(ATTENTION_CLASSES)  # the paper's four and the worked example: what parametrised tests run
+
+TINY = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, bias=True)
+LLAMA = dict(norm="rmsnorm", pos="rope", mlp="swiglu", intermediate_size=48, bias=False, tie_embeddings=False)
+GQA = dict(LLAMA, n_kv_head=2)  # 4 query heads share 2 key/value heads
+# every variant GPT-2-style and Llama-style, and grouped-query standard attention (the only one with W^K, W^V)
+SHAPES = ([pytest.param(attention, {}, id=f"{attention}-gpt2") for attention in VARIANTS]
+          + [pytest.param(attention, LLAMA, id=f"{attention}-llama") for attention in VARIANTS]
+          + [pytest.param("standard", GQA, id="standard-gqa")])
 
 # The GPT-2 BPE is served offline from ../shared when it is there (tiktoken reads this variable).
 if TIKTOKEN_CACHE.is_dir():
@@ -30,6 +39,22 @@ needs_shakespeare = pytest.mark.skipif(
     not SHAKESPEARE.is_file(),
     reason="needs ../shared/data/tinyshakespeare.txt (the real corpus; it is not committed)",
 )
+
+
+def tiny_model(attention, seed=0, random_alignment=True, **overrides):
+    """A small model; super gets a random lower-triangular W^A and bias, so it is not just efficient."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**TINY, **overrides, "attention": attention}))
+    if attention == "super" and random_alignment:
+        with torch.no_grad():
+            for block in model.transformer.h:
+                block.attn.align_weight.copy_(torch.randn_like(block.attn.align_weight).tril() * 0.3)
+                block.attn.align_bias.normal_()
+    return model.eval()
+
+
+def random_tokens(batch, length, seed=1, vocab=TINY["vocab_size"]):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture

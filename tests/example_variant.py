@@ -4,7 +4,7 @@ attention with a learned temperature per head,
     H_i = softmax(exp(t_i) * X W^Q_i X_i^T / sqrt(d_k)) X_i,
 
 one class and one registry line. conftest.py imports this module, so every test parametrised over
-the registry runs it beside the paper's four."""
+the registry runs it beside the paper's four; its equation, the oracle, is in test_model.py (SCORES)."""
 import torch
 import torch.nn as nn
 
@@ -19,9 +19,6 @@ class TemperatureAttention(EfficientAttention):
     def attend(self, q, k, v, cache):
         # scaling the queries scales the scores, and keeps the fused attention kernels
         return super().attend(q * self.log_temperature.exp().to(q.dtype)[:, None, None], k, v, cache)
-
-    def reference_scores(self, scores, head):
-        return scores * self.log_temperature[head].exp()
 
 
 ATTENTION_CLASSES["temperature"] = TemperatureAttention

@@ -66,6 +66,7 @@ def test_cached_generation_is_greedy_in_bf16(attention):
     assert_greedy_under_bf16(model, cached, x.size(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", VARIANTS)
 def test_compiled_decode_equals_eager_decode(attention):
     """CUDA graphs (torch.compile mode='reduce-overhead') replay the same steps as the eager cache."""
@@ -118,6 +119,7 @@ def test_training_steps_on_cuda_match_cpu(attention, no_tf32):
     assert gpu == pytest.approx(cpu, rel=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", VARIANTS)
 def test_compiled_training_matches_eager(attention, no_tf32):
     eager = train_losses(cuda_model(attention), "cuda")
@@ -125,6 +127,7 @@ def test_compiled_training_matches_eager(attention, no_tf32):
     assert compiled == pytest.approx(eager, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_torchrun_nccl_run_resumes(tmp_path):
     """torchrun with one process takes the DDP path with NCCL; 8 steps straight equal 4 + resume + 4.
     Up to float rounding only: CUDA's embedding backward adds with atomics, in no fixed order."""

@@ -1,5 +1,6 @@
-"""model.py: parameter counts, causality, the paper's equations, equivalences between variants,
-KV-cached generation, FLOP counts and input validation."""
+"""model.py and generate.py: parameter counts, causality, the variants' equations, equivalences between
+variants, KV-cached and compiled generation, FLOP counts and input validation. The properties run over
+every variant in three shapes (conftest.SHAPES): GPT-2-style, Llama-style, and grouped-query standard."""
 
 import math
 import shutil
@@ -10,26 +11,13 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import VARIANTS
-from model import GPT, GPTConfig
+from conftest import LLAMA, SHAPES, TINY, VARIANTS, random_tokens, tiny_model
+from example_variant import TemperatureAttention
+from generate import KVCache
+from model import GPT, GPTConfig, SuperAttention, rotary_cos_sin
 
-TINY = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, bias=True)
-
-
-def tiny_model(attention, seed=0, random_alignment=True, **overrides):
-    """A small model; super gets a random lower-triangular W^A and bias, so it is not just efficient."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**TINY, **overrides, "attention": attention}))
-    if attention == "super" and random_alignment:
-        with torch.no_grad():
-            for block in model.transformer.h:
-                block.attn.align_weight.copy_(torch.randn_like(block.attn.align_weight).tril() * 0.3)
-                block.attn.align_bias.normal_()
-    return model.eval()
-
-
-def random_tokens(batch, length, seed=1, vocab=TINY["vocab_size"]):
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                    reason="torch.compile on CPU needs a C++ compiler")
 
 
 # ----------------------------------------------------------------------------- parameter counts
@@ -63,24 +51,69 @@ def test_paper_model_sizes_round_to_124m_117m_110m():
     assert sizes == [124, 117, 110]
 
 
-# ----------------------------------------------------------------------------- the paper's equations
+# ----------------------------------------------------------------------------- the variants' equations
 
-@pytest.mark.parametrize("attention", VARIANTS)
-def test_attention_matches_the_papers_equations(attention):
-    model = tiny_model(attention)
-    attn = model.transformer.h[0].attn
-    x = torch.randn(3, 11, TINY["n_embd"], generator=torch.Generator().manual_seed(2))
+def rotate_by_matrix(t, theta):
+    """RoPE as RoFormer writes it: row p of one head's (T, d_k) queries or keys times the block rotation
+    matrix R_p, which turns the pair (m, m + d_k/2) by p * theta^(-2m/d_k); theta None is no RoPE."""
+    if theta is None:
+        return t
+    T, dk = t.shape
+    half = dk // 2
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta ** (-2 * torch.arange(half) / dk)
+    R = torch.zeros(T, dk, dk, dtype=torch.float64)
+    m = torch.arange(half)
+    R[:, m, m], R[:, m, m + half] = angle.cos(), -angle.sin()
+    R[:, m + half, m], R[:, m + half, m + half] = angle.sin(), angle.cos()
+    return torch.einsum("pij,pj->pi", R.to(t), t)
+
+
+# Where a variant's equation departs from H_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i: its values, its scores.
+VALUES = {SuperAttention: lambda attn, V: torch.tril(attn.align_weight[:len(V), :len(V)]) @ V
+          + attn.align_bias[:len(V), None]}  # V' = W^A V + b
+SCORES = {TemperatureAttention: lambda attn, scores, head: scores * attn.log_temperature[head].exp()}
+
+
+def reference_attention(attn, x):
+    """The variant stated literally, unfused, one head at a time, for one sequence x (T, d): the oracle
+    that `forward` (fused, cached, compiled) is held to."""
+    T, d = x.shape
+    dk = attn.head_dim
+    W = attn.c_attn.weight
+    b = attn.c_attn.bias if attn.c_attn.bias is not None else torch.zeros(W.size(0))
+    # the learned inputs come in the order W^Q, W^K, W^V; those not learned are X itself
+    rows = [0, d, d + attn.kv_dim, d + 2 * attn.kv_dim][: attn.n_learned_inputs + 1]
+    learned = [x @ W[r0:r1].T + b[r0:r1] for r0, r1 in zip(rows, rows[1:])]
+    Q, K, V = (learned + [x, x])[:3]
+    V = VALUES.get(type(attn), lambda attn, V: V)(attn, V)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    heads = []
+    for i in range(attn.n_head):
+        cols = slice(i * dk, (i + 1) * dk)
+        j = i // (attn.n_head // attn.n_kv_head)  # the key/value head query head i shares
+        kv_cols = slice(j * dk, (j + 1) * dk)
+        q, k = rotate_by_matrix(Q[:, cols], attn.rope_theta), rotate_by_matrix(K[:, kv_cols], attn.rope_theta)
+        scores = SCORES.get(type(attn), lambda attn, scores, head: scores)(attn, q @ k.T / math.sqrt(dk), i)
+        heads.append(torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ V[:, kv_cols])
+    return attn.c_proj(torch.cat(heads, dim=1))
+
+
+@pytest.mark.parametrize("attention, options", SHAPES)
+def test_attention_matches_the_variants_equations(attention, options):
+    attn = tiny_model(attention, **options).transformer.h[0].attn
+    x = torch.randn(3, TINY["block_size"], TINY["n_embd"], generator=torch.Generator().manual_seed(2))
+    rope = None if attn.rope_theta is None else rotary_cos_sin(torch.arange(x.size(1)), attn.head_dim, attn.rope_theta)
     with torch.no_grad():
-        ours = attn(x)
+        ours = attn(x, rope=rope)
         for seq in range(x.size(0)):
-            torch.testing.assert_close(ours[seq], attn.reference(x[seq]), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours[seq], reference_attention(attn, x[seq]), atol=1e-5, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------- causality
 
-@pytest.mark.parametrize("attention", VARIANTS)
-def test_future_tokens_do_not_change_past_logits(attention):
-    model = tiny_model(attention)
+@pytest.mark.parametrize("attention, options", SHAPES)
+def test_future_tokens_do_not_change_past_logits(attention, options):
+    model = tiny_model(attention, **options)
     idx = random_tokens(2, TINY["block_size"])
     t = 6
     changed = idx.clone()
@@ -131,9 +164,10 @@ def test_variant_equals_standard_with_identity_projections(attention):
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
-def test_super_at_initialisation_equals_efficient():
-    sup = tiny_model("super", random_alignment=False)
-    efficient = tiny_model("efficient", random_alignment=False)
+@pytest.mark.parametrize("options", [{}, LLAMA], ids=["gpt2", "llama"])
+def test_super_at_initialisation_equals_efficient(options):
+    sup = tiny_model("super", random_alignment=False, **options)
+    efficient = tiny_model("efficient", **options)
     efficient.load_state_dict({k: v for k, v in sup.state_dict().items() if "align_" not in k})
     for block in sup.transformer.h:
         assert torch.equal(block.attn.align_weight, torch.eye(TINY["block_size"]))
@@ -173,9 +207,9 @@ def test_weight_decay_groups():
 
 # ----------------------------------------------------------------------------- logits and cropping
 
-@pytest.mark.parametrize("attention", VARIANTS)
-def test_logits_cover_every_position_with_targets_or_all_logits_else_the_last(attention):
-    model = tiny_model(attention)
+@pytest.mark.parametrize("attention, options", SHAPES)
+def test_logits_cover_every_position_with_targets_or_all_logits_else_the_last(attention, options):
+    model = tiny_model(attention, **options)
     idx = random_tokens(2, 10)
     with torch.no_grad():
         every, _ = model(idx, all_logits=True)
@@ -188,16 +222,18 @@ def test_logits_cover_every_position_with_targets_or_all_logits_else_the_last(at
     torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("attention", VARIANTS)
-def test_crop_block_size_keeps_short_sequences_unchanged(attention):
-    model = tiny_model(attention)
+@pytest.mark.parametrize("attention, options", SHAPES)
+def test_crop_block_size_keeps_short_sequences_unchanged(attention, options):
+    model = tiny_model(attention, **options)
     idx = random_tokens(2, 8)
     with torch.no_grad():
         before, _ = model(idx, all_logits=True)
         model.crop_block_size(8)
         after, _ = model(idx, all_logits=True)
     torch.testing.assert_close(before, after, atol=0, rtol=0)
-    assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
+    assert model.config.block_size == 8
+    if "wpe" in model.transformer:  # RoPE has no position table
+        assert model.transformer.wpe.weight.shape[0] == 8
     if attention == "super":
         assert model.transformer.h[0].attn.align_weight.shape == (8, 8)
         assert model.transformer.h[0].attn.align_bias.shape == (8,)
@@ -207,12 +243,12 @@ def test_crop_block_size_keeps_short_sequences_unchanged(attention):
 
 # ----------------------------------------------------------------------------- generation
 
-@pytest.mark.parametrize("attention", VARIANTS)
+@pytest.mark.parametrize("attention, options", SHAPES)
 @pytest.mark.parametrize("sampling", [dict(top_k=1), dict(temperature=0.8), dict(temperature=1.3, top_k=5)])
-def test_cached_generation_equals_uncached_past_block_size(attention, sampling):
-    model = tiny_model(attention)
+def test_cached_generation_equals_uncached_past_block_size(attention, options, sampling):
+    model = tiny_model(attention, **options)
     prompt = random_tokens(2, 5)
-    steps = 2 * TINY["block_size"]  # well past block_size: the window slides
+    steps = 2 * TINY["block_size"]  # well past block_size: the window slides, the cache refills
     torch.manual_seed(7)
     cached = model.generate(prompt, steps, **sampling)
     torch.manual_seed(7)
@@ -221,69 +257,71 @@ def test_cached_generation_equals_uncached_past_block_size(attention, sampling):
     assert torch.equal(cached, uncached)
 
 
-@pytest.mark.parametrize("attention", VARIANTS)
-def test_cached_logits_equal_recomputed_logits(attention):
-    """Feed a prefix, then tokens one at a time and in a chunk, through the cache."""
-    model = tiny_model(attention)
-    idx = random_tokens(2, 13)
-    with torch.no_grad():
-        full, _ = model(idx, all_logits=True)
-        cache = model.new_kv_cache()
-        pieces = [model(idx[:, :5], all_logits=True, kv_cache=cache)[0]]
-        for t in range(5, 9):
-            pieces.append(model(idx[:, t : t + 1], all_logits=True, kv_cache=cache)[0])
-        pieces.append(model(idx[:, 9:], all_logits=True, kv_cache=cache)[0])  # a chunk after a prefix
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("attention", VARIANTS)
-def test_fixed_shape_cache_steps_equal_recomputed_logits(attention):
-    """The compiled decoder's step (a token at a position tensor, attention over the whole buffer with
-    the future masked) gives the recomputed logits, also when the buffers still hold an older sequence."""
-    model = tiny_model(attention)
+@pytest.mark.parametrize("attention, options", SHAPES)
+def test_cached_logits_equal_recomputed_logits(attention, options):
+    """Growing (eager decoding): a prefix, single tokens and a chunk. Fixed shapes (compiled decoding):
+    single tokens at input_pos, over buffers that still hold another sequence."""
+    model = tiny_model(attention, **options)
     block = TINY["block_size"]
     idx = random_tokens(2, block)
     with torch.no_grad():
         full, _ = model(idx, all_logits=True)
-        cache = model.new_kv_cache()
+        cache = KVCache(TINY["n_layer"], block)
+        growing = [model(idx[:, :5], all_logits=True, kv_cache=cache)[0]]
+        growing += [model(idx[:, t : t + 1], all_logits=True, kv_cache=cache)[0] for t in range(5, 9)]
+        growing.append(model(idx[:, 9:], all_logits=True, kv_cache=cache)[0])  # a chunk after a prefix
+        cache.length = 0
         model(random_tokens(2, block, seed=9), kv_cache=cache)  # stale rows everywhere
         cache.length = 0
-        pieces = [model(idx[:, :3], all_logits=True, kv_cache=cache)[0]]
-        for t in range(3, block):
-            pieces.append(model(idx[:, t : t + 1], all_logits=True, kv_cache=cache, input_pos=torch.tensor([t]))[0])
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+        fixed = [model(idx[:, :3], all_logits=True, kv_cache=cache)[0]]
+        fixed += [model(idx[:, t : t + 1], all_logits=True, kv_cache=cache, input_pos=torch.tensor([t]))[0]
+                  for t in range(3, block)]
+    torch.testing.assert_close(torch.cat(growing, dim=1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(fixed, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="torch.compile on CPU needs a C++ compiler")
-@pytest.mark.parametrize("attention", VARIANTS)
-def test_compiled_generation_equals_eager(attention):
-    model = tiny_model(attention)
+def test_a_full_cache_says_so():
+    model, cache = tiny_model("standard"), KVCache(TINY["n_layer"], TINY["block_size"])
+    with torch.no_grad():
+        model(random_tokens(1, 10), kv_cache=cache)
+        with pytest.raises(ValueError, match="the cache holds 16 positions; 10 are used, 7 more do not fit"):
+            model(random_tokens(1, 7), kv_cache=cache)
+
+
+@pytest.mark.slow
+@needs_compiler
+@pytest.mark.parametrize("attention, options", [(a, {}) for a in VARIANTS] + [("standard", LLAMA), ("efficient", LLAMA)])
+def test_compiled_generation_equals_eager(attention, options):
+    model = tiny_model(attention, **options)
     prompt = random_tokens(2, 5)
     steps = 2 * TINY["block_size"]  # the window slides: refills between compiled steps
+    recompile_limit = torch._dynamo.config.recompile_limit
     for sampling in (dict(top_k=1), dict(temperature=0.9, top_k=5)):
         torch.manual_seed(7)
         eager = model.generate(prompt, steps, **sampling)
         torch.manual_seed(7)
         compiled = model.generate(prompt, steps, compile=True, **sampling)
         assert torch.equal(compiled, eager), sampling
+    assert torch._dynamo.config.recompile_limit == recompile_limit  # sampling changes no global setting
 
 
-def test_generate_rejects_bad_sampling_arguments():
-    model = tiny_model("efficient")
-    with pytest.raises(ValueError, match="temperature"):
-        model.generate(random_tokens(1, 3), 2, temperature=0)
-    with pytest.raises(ValueError, match="top_k"):
-        model.generate(random_tokens(1, 3), 2, top_k=0)
-    with pytest.raises(ValueError, match="use_kv_cache"):
-        model.generate(random_tokens(1, 3), 2, use_kv_cache=False, compile=True)
+@pytest.mark.parametrize("arguments, match", [
+    (dict(temperature=0), "temperature=0 must be positive"),
+    (dict(top_k=0), "top_k=0 must be at least 1"),
+    (dict(max_new_tokens=-1), "max_new_tokens=-1"),
+    (dict(use_kv_cache=False, compile=True), "use_kv_cache=True"),
+])
+def test_generate_rejects_bad_sampling_arguments(arguments, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_model("efficient").generate(random_tokens(1, 3), **{"max_new_tokens": 2, **arguments})
 
 
 # ----------------------------------------------------------------------------- FLOPs
 
-@pytest.mark.parametrize("attention", VARIANTS)
-def test_flop_estimate_matches_flop_counter(attention):
-    model = tiny_model(attention, n_embd=64, block_size=32, vocab_size=101).train()
+@pytest.mark.parametrize("attention, options", SHAPES)
+def test_flop_estimate_matches_flop_counter(attention, options):
+    shape = dict(n_embd=64, block_size=32, vocab_size=101, intermediate_size=176 if options else 0)
+    model = tiny_model(attention, **{**options, **shape}).train()
     B, T = 2, 32
     idx = random_tokens(B, T + 1, vocab=101)
     # FlopCounterMode counts the math attention kernel, not the fused CPU one
@@ -335,6 +373,7 @@ def test_from_pretrained_refuses_other_variants():
         GPT.from_pretrained("gpt3")
 
 
+@pytest.mark.slow
 def test_from_pretrained_reproduces_a_hugging_face_gpt2(tmp_path):
     """A small random GPT-2 saved the way the hub stores them loads into our standard model with the
     same logits (the real gpt2 weights need a network, so this checks the conversion offline)."""

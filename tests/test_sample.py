@@ -79,11 +79,14 @@ def test_meta_from_the_training_data_dir(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--start", "caf\u00e9 \u2603"], r"characters not in the vocabulary: '\u00e9', '\u2603'"),
-    (["--temperature", "0"], "--temperature=0.0 must be positive"),
+    (["--temperature", "0"], "temperature=0.0 must be positive"),
+    (["--top_k", "-1"], "top_k=-1 must be at least 1"),
+    (["--max_new_tokens", "-1"], "max_new_tokens=-1"),
+    (["--num_samples", "0"], "--num_samples=0 must be at least 1"),
     (["--temperature", "-1"], "must be positive"),
     (["--start", "FILE:/no/such/prompt.txt"], "cannot read the prompt file"),
     (["--start", ""], "the prompt is empty"),
-    (["--compile", "--no_kv_cache"], "--compile decodes from the KV cache"),
+    (["--compile", "--no_kv_cache"], "compile=True decodes from the KV cache"),
     (["--device", "gpu0"], "not a device torch knows"),
 ])
 def test_bad_arguments_print_one_error_line_and_no_output(tmp_path, capsys, args, message):
@@ -110,12 +113,14 @@ def test_no_tokenizer_metadata_for_a_small_vocabulary(tmp_path, capsys):
     assert code == 1 and "no tokenizer metadata" in err
 
 
+@pytest.mark.slow
 def test_command_line_prints_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "sample.py"), "--out_dir", str(tmp_path / "nowhere")],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 1 and proc.stderr.startswith("error: no checkpoint") and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_pretrained_unreachable_is_a_clear_error(tmp_path):
     # forced offline: without transformers, or with it but no network (HF_HUB_OFFLINE skips its retries)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
