@@ -1,8 +1,8 @@
 """
 Fault injection, to run before a release (not a test: it takes minutes). It trains on the offline
-stdlib corpus in a temporary folder and injects three kinds of fault:
+stdlib corpus in a temporary folder and injects four kinds of fault:
 
-    python bench_faults.py                                  # 100 kills, 6 signals, 10 divergences
+    python bench_faults.py                                  # 100 + 30 sharded kills, 6 signals, 10 divergences
     python bench_faults.py --kills=20 --signals=3 --nans=4  # a quicker pass
 
 kills    A chain of training processes, each resuming from the checkpoint of the one before and
@@ -11,6 +11,9 @@ kills    A chain of training processes, each resuming from the checkpoint of the
          process reported; the next process must resume at its iteration. The last one runs to
          the end: its weights must equal, bit for bit, those of one uninterrupted run, and
          log.jsonl must hold each iteration once.
+sharded  The same chain for FSDP (forked runs in torchrun's environment for one process), SIGKILLed
+         in turn mid-write of the shards and right after a random rename or removal of the commit;
+         the newest complete sharded folder must load and the next run resume at its iteration.
 signals  2-process gloo DDP runs stopped at a random moment: SIGTERM to the launcher and SIGINT
          to its process group (`python train.py --standalone --nproc_per_node=2`, train.py's own
          torchrun), and SIGTERM to the workers of a stock torchrun. Each must exit 0 with a
@@ -180,14 +183,19 @@ def kill_chain(data_dir, work, n_kills, rng):
         args = config_args(data_dir, out, **common, init_from="resume" if iteration else "scratch")
         # about two kills in three mid-write, the others just after the rename (so the chain advances)
         figures = kill_once(args, out, work / f"kill-{k}.txt", iteration, rng.uniform(0, 1.5 * write_time))
-        for key in totals:
-            totals[key] += figures.get(key, 0)
-        totals["runs"] += 1
-        if figures.get("note"):
-            print(f"  kill {k}: {figures['note']}")
-        iteration = figures.get("iteration") or iteration
+        iteration = count_kill(totals, figures, f"kill {k}") or iteration
     finish_chain(data_dir, out, reference, common, iteration, totals, work)
     return totals, f"ckpt.pt takes {write_time * 1000:.0f} ms to write, {max_iters} iterations"
+
+
+def count_kill(totals, figures, name):
+    """Add one run of a kill chain to its totals; return the iteration its checkpoint holds."""
+    for key in totals:
+        totals[key] += figures.get(key, 0)
+    totals["runs"] += 1
+    if figures.get("note"):
+        print(f"  {name}: {figures['note']}")
+    return figures.get("iteration")
 
 
 def finish_chain(data_dir, out, reference, common, iteration, totals, work, before=None):
@@ -287,12 +295,7 @@ def sharded_kill_chain(data_dir, work, n_kills, rng):
         target = rng.choice(COMMIT_STEPS) if k % 2 else None
         figures = sharded_kill_once(args, out, work / f"fsdp-kill-{k}.txt", iteration, target, rng.uniform(0, 0.3))
         figures["in_commit"] = int(target is not None)
-        for key in totals:
-            totals[key] += figures.get(key, 0)
-        totals["runs"] += 1
-        if figures.get("note"):
-            print(f"  FSDP kill {k}: {figures['note']}")
-        iteration = figures.get("iteration") or iteration
+        iteration = count_kill(totals, figures, f"FSDP kill {k}") or iteration
     finish_chain(data_dir, out, reference, common, iteration, totals, work, before=world_of_one)
     return totals, f"{max_iters} iterations"
 
