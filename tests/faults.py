@@ -1,4 +1,5 @@
-"""Faults for the tests: a "kill" at an exact step of a sharded checkpoint's commit, in-process.
+"""Faults for the tests (and bench/bench_faults.py): a "kill" at an exact step of a sharded
+checkpoint's commit, in-process, and NaN weights or losses from a chosen step on.
 
 Killed is a BaseException raised right after the chosen rename or removal has happened: it unwinds
 train() without another write (train() only releases its lock and process group on the way out), so
@@ -6,6 +7,8 @@ out_dir is left exactly as a SIGKILL at that moment would leave it."""
 import os
 from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 import distributed
 
@@ -52,3 +55,34 @@ def kill_after(monkeypatch, event, at_iteration=None):
         monkeypatch.setattr(distributed.os, "replace", real_replace)
         monkeypatch.setattr(distributed, "_remove", real_remove)
         monkeypatch.setattr(distributed, "commit_shards", real_commit)
+
+
+def nan_after_step(real_step, n):
+    """An optimizer step method that runs real_step and, at its n-th call, writes NaN into one
+    weight: a divergence that no loss shows yet (bench/bench_faults.py uses it too)."""
+    calls = {"n": 0}
+
+    def step(self, *args, **kwargs):
+        result = real_step(self, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == n:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].view(-1)[0] = float("nan")
+        return result
+
+    return step
+
+
+def nan_loss_after(real_forward, n):
+    """A GPT.forward that returns a NaN loss from the (n+1)-th training forward pass on."""
+    calls = {"n": 0}
+
+    def forward(self, idx, targets=None, **kwargs):
+        logits, loss = real_forward(self, idx, targets, **kwargs)
+        if self.training and targets is not None:
+            calls["n"] += 1
+            if calls["n"] > n:
+                loss = loss * float("nan")
+        return logits, loss
+
+    return forward

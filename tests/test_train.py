@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import train as T
-from bench_faults import nan_after_step
 from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 from conftest import REPO, VARIANTS
+from faults import nan_after_step
 from model import GPT
 from prepare_char import prepare
 
@@ -762,7 +762,7 @@ def test_hellaswag_hook_is_optional(tmp_path, data_dir, monkeypatch):
     import types
 
     fake = types.ModuleType("eval_hellaswag")
-    fake.load_examples = lambda path, limit: ["example"] * 3
+    fake.examples_for_training = lambda path, limit, meta, say: (["example"] * 3, None)
     fake.evaluate = lambda model, examples, tokenizer, device, batch_size: dict(acc=0.25, acc_norm=0.5, acc_char_norm=0.5, n=3)
     monkeypatch.setitem(sys.modules, "eval_hellaswag", fake)
     T.train(tiny(tmp_path, data_dir, max_iters=4, hellaswag_interval=2, hellaswag_file="x.jsonl"), verbose=False)

@@ -1,0 +1,195 @@
+"""
+Benchmark the four attention variants side by side: parameters, FLOPs per token, time per step,
+tokens/s and MFU, at one or several batch sizes; optionally against NanoGPT's own model.
+
+    python bench/bench_model.py                       # CPU: a small shape and the GPT-2 124M shape, fp32, batch 1
+    python bench/bench_model.py --device=cuda --compile --shapes=gpt2 --batch_sizes=12,16,32 --optimizer \\
+        --vocab_size=50304 --nanogpt_dir=../nanoGPT --repeats=30
+
+A step is a forward and backward pass on random tokens, plus with --optimizer gradient clipping and
+a fused AdamW step: a whole training step, as train.py runs it. Timings are taken round-robin (one
+step of each model in turn), so a change in machine load hits all of them alike and the ratios stay
+fair; the median step is reported. MFU is against the GPU's dense bf16 peak (runtime.py) on a known
+GPU, else against a matmul peak measured here, in the dtype of the run.
+
+--nanogpt_dir adds NanoGPT's model.py (standard attention, its own code) as the first row, built
+with the same shape, dtype, compile setting and optimizer, so "ours vs NanoGPT" is one column.
+"""
+
+import argparse
+import importlib.util
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
+from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from runtime import DTYPES, autocast_context, gpu_peak_flops, resolve_device, resolve_dtype, synchronize
+
+SHAPES = {
+    "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),  # GPT-2 124M
+}
+
+
+def measure_matmul_peak(device, dtype, n=2048, repeats=10):
+    """FLOP/s of a large square matmul: the practical ceiling where no datasheet peak applies."""
+    a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+    b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+    a @ b
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    synchronize(device)
+    return 2 * n**3 * repeats / (time.perf_counter() - t0)
+
+
+def load_nanogpt(nanogpt_dir):
+    """NanoGPT's model module, imported from its checkout under another name than our model.py."""
+    path = Path(nanogpt_dir) / "model.py"
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_models(shape, args, nanogpt):
+    """name -> (model, the model of ours with the same FLOPs), on the device, in training mode."""
+    config = dict(**shape, vocab_size=args.vocab_size, dropout=0.0, bias=True)
+    models = {}
+    if nanogpt is not None:
+        torch.manual_seed(0)
+        models["nanogpt"] = nanogpt.GPT(nanogpt.GPTConfig(**config))
+    for attention in ATTENTION_VARIANTS:
+        torch.manual_seed(0)
+        models[attention] = GPT(GPTConfig(**config, attention=attention))
+    return {name: model.to(args.device).train() for name, model in models.items()}
+
+
+def make_step(model, batch, args):
+    """One training step on fixed random tokens: forward and backward, and with --optimizer clipping
+    and AdamW; torch.compile'd like train.py with --compile."""
+    T = model.config.block_size
+    idx = torch.randint(0, args.vocab_size, (batch, T + 1), device=args.device)
+    device_type = torch.device(args.device).type
+    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if args.optimizer else None
+    forward = torch.compile(model, dynamic=False) if args.compile else model
+    autocast = autocast_context(args.device, args.dtype)
+
+    def step():
+        with autocast:
+            _, loss = forward(idx[:, :-1], targets=idx[:, 1:])
+        loss.backward()
+        if optimizer is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def time_round_robin(steps, args):
+    for step in steps.values():
+        for _ in range(args.warmup):
+            step()
+    times = {name: [] for name in steps}
+    for _ in range(args.repeats):
+        for name, step in steps.items():
+            synchronize(args.device)
+            t0 = time.perf_counter()
+            step()
+            synchronize(args.device)
+            times[name].append(time.perf_counter() - t0)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}  # medians
+
+
+def bench(shape, batch, args, nanogpt, peak):
+    models = build_models(shape, args, nanogpt)
+    medians = time_round_robin({name: make_step(model, batch, args) for name, model in models.items()}, args)
+    T = shape["block_size"]
+    rows = []
+    for name, model in models.items():
+        ours = models["standard"] if name == "nanogpt" else model  # NanoGPT's FLOPs are standard's
+        flops = ours.flops_per_token(T)
+        tokens_per_s = batch * T / medians[name]
+        rows.append(dict(name=name, batch=batch, params=ours.get_num_params(non_embedding=False),
+                         attention_params=ours.get_num_attention_params(), flops=flops, ms=medians[name] * 1e3,
+                         tokens_per_s=tokens_per_s, mfu=flops * tokens_per_s / peak))
+    del models
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_table(title, rows):
+    print(f"\n### {title}\n")
+    print("| model | batch | params | attn params/layer | FLOPs/token (fwd+bwd) | FLOP ratio | ms/step "
+          "| time ratio | tokens/s | MFU |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        base = next(b for b in rows if b["name"] == "standard" and b["batch"] == r["batch"])
+        print(
+            f"| {r['name']} | {r['batch']} | {r['params'] / 1e6:.2f}M | {r['attention_params']:,} "
+            f"| {r['flops'] / 1e6:.1f}M | {r['flops'] / base['flops']:.3f} | {r['ms']:.2f} "
+            f"| {r['ms'] / base['ms']:.3f} | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% |"
+        )
+
+
+def describe_machine(args, peak, peak_source):
+    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    step = "forward+backward+clip+AdamW" if args.optimizer else "forward+backward"
+    print(f"# {where}; torch {torch.__version__}; {args.dtype}; compile {args.compile}; step = {step}; "
+          f"median of {args.repeats} after {args.warmup} warm-up; MFU against {peak / 1e12:.1f} TFLOP/s ({peak_source})")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on a GPU, fp32 on CPU")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each model, as train.py does")
+    parser.add_argument("--optimizer", action="store_true", help="time whole training steps: add clipping and AdamW")
+    parser.add_argument("--batch_sizes", default="1", help="comma-separated, e.g. 12,16,32")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per model (the median is reported)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 1, 3 with --compile)")
+    parser.add_argument("--shapes", default="small,gpt2", help=f"comma-separated among {', '.join(SHAPES)}")
+    parser.add_argument("--vocab_size", type=int, default=50257, help="50304 (padded) as NanoGPT trains GPT-2")
+    parser.add_argument("--nanogpt_dir", default="", help="a NanoGPT checkout: time its model.py as well")
+    args = parser.parse_args()
+    try:
+        args.device = resolve_device(args.device)
+        args.dtype = resolve_dtype(args.dtype, args.device)
+    except ValueError as e:
+        parser.error(str(e))
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    args.shapes = args.shapes.split(",")
+    if unknown := set(args.shapes) - set(SHAPES):
+        parser.error(f"unknown shapes {sorted(unknown)}; choose among {', '.join(SHAPES)}")
+    if args.nanogpt_dir and not (Path(args.nanogpt_dir) / "model.py").is_file():
+        parser.error(f"--nanogpt_dir={args.nanogpt_dir}: no model.py there (clone NanoGPT's repository)")
+    args.warmup = args.warmup if args.warmup is not None else (3 if args.compile else 1)
+    return args
+
+
+def main():
+    args = parse_args()
+    # one compiled graph per model and batch size, all under GPT.forward's one code object
+    torch._dynamo.config.recompile_limit = 64
+    nanogpt = load_nanogpt(args.nanogpt_dir) if args.nanogpt_dir else None
+    peak = gpu_peak_flops(torch.cuda.get_device_name(args.device)) if args.device.startswith("cuda") else None
+    peak_source = "the GPU's dense bf16 peak, runtime.py"
+    if peak is None:
+        peak, peak_source = measure_matmul_peak(args.device, args.dtype), "a matmul measured here"
+    describe_machine(args, peak, peak_source)
+    for name in args.shapes:
+        shape = SHAPES[name]
+        rows = [row for batch in args.batch_sizes for row in bench(shape, batch, args, nanogpt, peak)]
+        print_table(f"{name} ({shape['n_layer']}L, {shape['n_head']}H, d={shape['n_embd']}, T={shape['block_size']})", rows)
+
+
+if __name__ == "__main__":
+    main()

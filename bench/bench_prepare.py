@@ -1,0 +1,118 @@
+"""
+Benchmark of prepare_openwebtext.py's tokenize-and-write step (GPT-2 BPE in --num_proc threads, appended
+to train.bin / val.bin) at several --num_proc, on a local corpus of some MB. Prints a markdown table.
+
+    python bench/bench_prepare.py                   # ../shared/data/tinyshakespeare.txt in ~5 kB documents, repeated
+    python bench/bench_prepare.py --corpus stdlib   # the Python standard library's .py files, one per document
+                                              # (the default where Tiny Shakespeare is absent)
+
+Loading, the empty-document filter and the split are untimed (datasets caches them after the first
+run); each timed run tokenizes and writes from scratch into a temporary folder. Wall time is what a run
+costs, but other processes on the machine inflate it; CPU time (all threads) shows the work itself.
+"""
+import argparse
+import json
+import os
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import datasets
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
+from prepare_openwebtext import loaded_sources, resolve_source, write_token_files
+from tokenizer import TokenizerUnavailableError, gpt2_encoding
+
+SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
+OWT_DOCUMENT_CHARS = 5000
+
+
+def stdlib_documents(megabytes):
+    """Source files of the running Python's standard library, in sorted order, until `megabytes` of text."""
+    documents, size = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if size >= megabytes * 1e6:
+            break
+        text = path.read_text(encoding="utf-8", errors="replace")
+        documents.append(text)
+        size += len(text.encode())
+    return documents
+
+
+def shakespeare_documents(megabytes):
+    """Tiny Shakespeare cut at speech boundaries into ~5 kB documents, repeated until `megabytes` of text.
+
+    5 kB is OpenWebText's average document (about 40 GB of text in 8M documents).
+    """
+    documents, current = [], ""
+    for speech in SHAKESPEARE.read_text(encoding="utf-8").split("\n\n"):
+        current += speech + "\n\n"
+        if len(current) >= OWT_DOCUMENT_CHARS:
+            documents.append(current)
+            current = ""
+    documents += [current] if current else []
+    repeats = max(1, round(megabytes * 1e6 / SHAKESPEARE.stat().st_size))
+    return documents * repeats
+
+
+def cpu_seconds():
+    # every thread of this process: unlike wall time, not inflated by other load
+    t = os.times()
+    return t.user + t.system
+
+
+def tokenize_and_write(corpus, out_dir, num_proc):
+    """(tokens written, wall seconds, CPU seconds) of the tokenize-and-write step on a loaded corpus."""
+    source = resolve_source(str(corpus))
+    sources, _ = loaded_sources(source, "train", None, "text", 1, 0.0005, 2357, None)
+    start_wall, start_cpu = time.perf_counter(), cpu_seconds()
+    counts = write_token_files(sources, out_dir, {"train": None, "val": None}, num_proc, source.description, 0.0005)
+    return sum(counts["tokens"].values()), time.perf_counter() - start_wall, cpu_seconds() - start_cpu
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", choices=["shakespeare", "stdlib"],
+                        default="shakespeare" if SHAKESPEARE.is_file() else "stdlib")
+    parser.add_argument("--megabytes", type=float, default=20.0, help="corpus size to build")
+    parser.add_argument("--num_proc", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per num_proc; the fastest is reported")
+    args = parser.parse_args()
+    try:
+        gpt2_encoding()  # before building the corpus: offline, this needs TIKTOKEN_CACHE_DIR
+    except TokenizerUnavailableError as e:
+        sys.exit(f"error: {e}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        datasets.config.HF_DATASETS_CACHE = str(tmp / "hf_cache")  # keep ~/.cache clean
+        datasets.disable_progress_bars()
+
+        make_documents = stdlib_documents if args.corpus == "stdlib" else shakespeare_documents
+        documents = make_documents(args.megabytes)
+        corpus = tmp / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in documents), encoding="utf-8")
+        megabytes = corpus.stat().st_size / 1e6  # JSON-escaped size; close to the raw text's
+
+        print(f"corpus: {args.corpus}, {len(documents):,} documents, {megabytes:.1f} MB as jsonl; "
+              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before the runs")
+        print()
+        print(f"| num_proc | tokens | wall s (best of {args.repeats}) | tokens/s | speed-up "
+              f"| CPU s | tokens per CPU s |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        baseline = None
+        for num_proc in args.num_proc:
+            best_wall, best_cpu = float("inf"), float("inf")
+            for _ in range(args.repeats):
+                total, wall, cpu = tokenize_and_write(corpus, tmp / "out", num_proc)
+                best_wall, best_cpu = min(best_wall, wall), min(best_cpu, cpu)
+            rate = total / best_wall
+            baseline = baseline or rate
+            print(f"| {num_proc} | {total:,} | {best_wall:.2f} | {rate:,.0f} | {rate / baseline:.2f}x "
+                  f"| {best_cpu:.2f} | {total / best_cpu:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

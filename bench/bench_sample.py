@@ -1,0 +1,111 @@
+"""
+Sampling speed benchmark: tokens/s of GPT.generate without the KV cache, with it, and (with
+--compile) with the compiled fixed-shape decoder, for every attention variant, at two model sizes,
+random weights, batch 1, a prompt of a few tokens.
+
+    python bench/bench_sample.py                      # the CPU table in docs/sampling.md (a few minutes on 2 cores)
+    python bench/bench_sample.py --sizes small --max_new_tokens 64   # a quick look
+    python bench/bench_sample.py --device cuda --compile --sizes 124M --repeats 3   # the GPU table
+
+It is a benchmark, not a test: numbers depend on the machine and on whatever else is running.
+Each measurement is the best of --repeats runs after one short warm-up, which damps noise from
+other processes sharing the CPU.
+"""
+import argparse
+import platform
+import sys
+import time
+
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
+from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype, synchronize
+
+SIZES = {
+    # a small model, in the range the character-level quick start trains
+    "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=512, vocab_size=50304),
+    # GPT-2 124M's shape (the paper's size)
+    "124M": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
+}
+
+
+def tokens_per_second(model, prompt, args, **generate_args):
+    """Best of args.repeats runs, after one untimed run (which compiles, with compile=True)."""
+    best = float("inf")
+    with autocast_context(args.device, args.dtype):
+        model.generate(prompt, args.max_new_tokens, **generate_args)
+        for _ in range(args.repeats):
+            synchronize(args.device)
+            start = time.perf_counter()
+            model.generate(prompt, args.max_new_tokens, **generate_args)
+            synchronize(args.device)
+            best = min(best, time.perf_counter() - start)
+    return args.max_new_tokens / best
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--variants", nargs="+", default=list(ATTENTION_VARIANTS), choices=list(ATTENTION_VARIANTS))
+    parser.add_argument("--max_new_tokens", type=int, default=256)
+    parser.add_argument("--prompt_tokens", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on a GPU, fp32 on CPU")
+    parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch.set_num_threads; 1 by default: batch-1 decoding is a chain of small ops, and on "
+                             "a 2-core VM 2 threads were 1.5-3.5x slower than 1 (0 = torch's choice)")
+    args = parser.parse_args()
+    try:
+        args.device = resolve_device(args.device)
+        args.dtype = resolve_dtype(args.dtype, args.device)
+    except ValueError as e:
+        parser.error(str(e))
+    return args
+
+
+def bench_variant(size, variant, args):
+    model = GPT(GPTConfig(**SIZES[size], attention=variant, dropout=0.0)).to(args.device).eval()
+    prompt = torch.randint(0, 50257, (1, args.prompt_tokens), device=args.device)
+    speeds = {
+        "no cache": tokens_per_second(model, prompt, args, use_kv_cache=False),
+        "KV cache": tokens_per_second(model, prompt, args),
+    }
+    if args.compile:
+        speeds["compiled"] = tokens_per_second(model, prompt, args, compile=True)
+    return model.get_num_params() / 1e6, speeds
+
+
+def main():
+    args = parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    print(f"# torch {torch.__version__}, {where}, batch 1, prompt {args.prompt_tokens} tokens, "
+          f"{args.max_new_tokens} new tokens, {args.dtype}, best of {args.repeats}", flush=True)
+    rows = []
+    for size in args.sizes:
+        for variant in args.variants:
+            params, speeds = bench_variant(size, variant, args)
+            rows.append((size, variant, params, speeds))
+            print(f"# {size} {variant}: {params:.1f}M params, "
+                  + ", ".join(f"{k} {v:.1f} tok/s" for k, v in speeds.items()), flush=True)
+
+    columns = list(rows[0][3])
+    print()
+    print("| size | attention | params | " + " | ".join(f"tokens/s, {c}" for c in columns) + " | speed-up |")
+    print("|---|---|---:|" + "---:|" * (len(columns) + 1))
+    for size, variant, params, speeds in rows:
+        cells = " | ".join(f"{speeds[c]:.1f}" for c in columns)
+        print(f"| {size} | {variant} | {params:.1f}M | {cells} | {speeds[columns[-1]] / speeds['no cache']:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
