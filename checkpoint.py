@@ -66,6 +66,51 @@ def lock_out_dir(out_dir):
     return lock
 
 
+def load_resume_checkpoint(out_dir, model_args, sharded=False):
+    """The checkpoint to resume from, after checking that it trains the model requested; its
+    "source" is the file or folder it was read from. sharded (an FSDP run): the training state of
+    the sharded checkpoint, whose shards build_run loads."""
+    if sharded:
+        import distributed  # which imports this module
+
+        checkpoint = distributed.load_train_state(out_dir)
+        checkpoint["source"] = checkpoint["sharded_dir"]
+    else:
+        checkpoint = load_checkpoint(out_dir, map_location="cpu")
+        checkpoint["source"] = out_dir / CHECKPOINT_NAME
+        if "sharded" in checkpoint:
+            raise CheckpointError(f"{checkpoint['source']} is the export of an FSDP run, whose optimizer state is "
+                                  f"in {out_dir / checkpoint['sharded']}: resume it with parallelism='fsdp' under torchrun")
+    saved = checkpoint["model_args"]
+    mismatched = {k: (saved.get(k), v) for k, v in model_args.items() if saved.get(k) != v}
+    if mismatched:
+        details = ", ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, (a, b) in mismatched.items())
+        raise CheckpointError(f"cannot resume from {checkpoint['source']}: its model args differ from the requested "
+                              f"ones ({details})")
+    for key in ("iter_num", "rng") if sharded else ("optimizer", "iter_num", "rng"):
+        if key not in checkpoint:
+            raise CheckpointError(f"cannot resume from {checkpoint['source']}: it has no {key!r} "
+                                  f"(not a training checkpoint)")
+    return checkpoint
+
+
+def resume_hint(out_dir, c):
+    """For a resume that failed on its data or model: the overrides that give the data and model
+    keys of the config the checkpoint was trained with ("" when there is none to read)."""
+    if c["init_from"] != "resume":
+        return ""
+    try:
+        saved = load_checkpoint(out_dir)["config"]
+    except (CheckpointError, KeyError):
+        return ""
+    keys = ("dataset", "data_dir", *(f.name for f in fields(GPTConfig)))
+    differ = [f"--{k}={saved[k]!r}" for k in keys if k in saved and saved[k] != c[k]]
+    if not differ:
+        return ""
+    return (f". The checkpoint in {out_dir} was trained with another config; give its config file and overrides "
+            f"again, e.g. these keys differ: {' '.join(differ)}")
+
+
 def strip_compiled_prefix(state_dict):
     return {k.removeprefix(COMPILED_PREFIX): v for k, v in state_dict.items()}
 

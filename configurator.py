@@ -16,8 +16,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple
 
-from model import ATTENTION_VARIANTS, MLPS, NORMS, POSITIONS, PRETRAINED_GPT2, GPTConfig
-from runtime import DTYPES
+from model import ATTENTION_VARIANTS, MLPS, NORMS, POSITIONS, PRETRAINED_GPT2, GPTConfig, check_pretrained_attention
+from runtime import DTYPES, resolve_device, resolve_dtype
 
 
 class ConfigError(ValueError):
@@ -208,8 +208,13 @@ def resolve_config(config):
             raise bad(key, f"choose one of {', '.join(map(repr, setting.choices))}")
     if c["peak_flops"] != "auto" and not (math.isfinite(c["peak_flops"]) and c["peak_flops"] > 0):
         raise bad("peak_flops", "must be 'auto' or a positive number of FLOP/s, e.g. 989e12")
-    if c["parallelism"] == "fsdp" and c["dtype"] == "float16":
-        raise bad("dtype", "FSDP trains in float32 or bfloat16 (no fp16 loss scaling of sharded gradients)")
+    try:  # where this process would run, and in what precision
+        dtype = resolve_dtype(c["dtype"], resolve_device(c["device"]))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if c["parallelism"] == "fsdp" and dtype == "float16":
+        raise bad("dtype", "resolves to float16 here, which FSDP does not train in (no fp16 loss scaling of "
+                  "sharded gradients): set dtype='bfloat16' or 'float32'")
     if c["parallelism"] == "fsdp" and c["hellaswag_interval"]:  # it runs on rank 0 alone, FSDP needs every rank
         raise bad("hellaswag_interval", "HellaSwag during FSDP training is not supported: set it to 0 and run "
                   "eval_hellaswag.py on the consolidated ckpt.pt")
@@ -222,13 +227,11 @@ def resolve_config(config):
 
 
 def _check_model(c):
-    """GPTConfig checks the model keys (vocab_size comes from the data later, so a stand-in here), and
-    pretrained GPT-2 weights exist for standard attention only."""
+    """The model owns these checks: GPTConfig's of the model keys (vocab_size comes from the data
+    later, so a stand-in here), and which attention OpenAI's weights exist for."""
     try:
         GPTConfig(**{k: c[k] for k in MODEL_ARG_KEYS if k != "vocab_size"})
+        if c["init_from"] in PRETRAINED_GPT2:
+            check_pretrained_attention(c["attention"])
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if c["init_from"] in PRETRAINED_GPT2 and c["attention"] != "standard":
-        raise ConfigError(f"init_from={c['init_from']!r} loads OpenAI's GPT-2 weights, which exist for standard "
-                          f"attention only, not attention={c['attention']!r}: use init_from='scratch' for the "
-                          f"{c['attention']} variant")

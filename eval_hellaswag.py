@@ -50,7 +50,7 @@ import torch
 
 from atomic import atomic_file, write_text_atomic
 from checkpoint import load_model_and_tokenizer
-from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype
+from runtime import DTYPES, CpuThreads, autocast_context, resolve_device, resolve_dtype
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_FILENAME = "hellaswag_val.jsonl"
@@ -148,6 +148,18 @@ def load_examples(path, limit=None):
     if not examples:
         raise HellaSwagError(f"{path} holds no examples")
     return examples
+
+
+def examples_for_training(path, limit, meta, say):
+    """(examples, tokenizer) for HellaSwag scores during training, or None, saying why, when they
+    cannot be had: training goes on without them."""
+    try:
+        from tokenizer import tokenizer_from_meta
+
+        return load_examples(path, limit or None), tokenizer_from_meta(meta)
+    except Exception as e:  # a missing or bad file, or a tokenizer that is not to be had
+        say(f"warning: HellaSwag evaluation is off, and training goes on without it: {type(e).__name__}: {e}")
+        return None
 
 
 def harness_preprocess(text):
@@ -368,7 +380,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, mps")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on CUDA if supported, else float32")
     p.add_argument("--output", default=None, help="results JSON (default: hellaswag.json beside the checkpoint, or hellaswag_<model>.json)")
-    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on CPU (0 = torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = the cores other processes leave free)")
     p.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
     return p.parse_args(argv)
 
@@ -436,10 +448,9 @@ def main(argv=None):
                 args.device = f"cuda:{local_rank}"
                 torch.cuda.set_device(args.device)
             dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
         device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
+        CpuThreads(args.threads, device)  # on CPU: as many threads as other processes leave cores free
         check_batch_size(args.batch_size)  # before the data and the model are loaded
 
         if args.data_file:

@@ -8,15 +8,13 @@ A GPT language model whose attention is one of the four variants of
     super      H_i = softmax(X W^Q_i X_i^T / sqrt(d_k)) (W^A X_i + b)      (efficient + alignment kernel)
 
 X is the block input after LayerNorm, X_i its i-th slice of d_k = n_embd / n_head columns, and in
-every variant O = [H_1 ... H_h] W^O. Everything else is NanoGPT's GPT-2 by default: learned position
-embeddings, pre-LayerNorm blocks, a 4x GELU MLP and a language-model head tied to the token
-embedding. Options of the same GPTConfig make the blocks Llama-style (docs/llama.md): RMSNorm
-(norm='rmsnorm'), rotary position embeddings (pos='rope'), a SwiGLU MLP (mlp='swiglu'), an untied
-head (tie_embeddings=False), and grouped-query attention for standard (n_kv_head < n_head).
+every variant O = [H_1 ... H_h] W^O. Everything else is NanoGPT's GPT-2 by default (learned position
+embeddings, pre-LayerNorm blocks, a 4x GELU MLP, the head tied to the token embedding). Options of
+GPTConfig make the blocks Llama-style (docs/llama.md): norm='rmsnorm', pos='rope', mlp='swiglu',
+tie_embeddings=False, and grouped-query attention for standard (n_kv_head < n_head).
 
-With pos='rope', in every variant the queries and keys of head i are rotated by R_p, the rotation of their
-own absolute position p, and the values never are (RoFormer's and Llama's rule), so efficient's and
-super's keys (rotated X_i) and values (plain X_i) are two tensors: docs/llama.md.
+With pos='rope' the queries and keys (never the values) are rotated by their position, as in RoFormer
+and Llama, so efficient's and super's keys (rotated X_i) and values (X_i) are two tensors: docs/llama.md.
 
 The four attention classes stand side by side below; they differ only in `project` (which of Q, K, V
 are learned) and, for super, in `align` and in the hooks that follow from W^A (its FLOPs, its decay,
@@ -365,6 +363,12 @@ class Block(nn.Module):
         return x
 
 
+def check_pretrained_attention(attention):
+    if attention != "standard":
+        raise ValueError(f"pretrained GPT-2 weights exist for standard attention only, not attention="
+                         f"{attention!r}: train the {attention} variant from scratch (init_from='scratch')")
+
+
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -463,10 +467,7 @@ class GPT(nn.Module):
         model_type: gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local folder of a Hugging Face
         GPT-2 checkpoint (what GPT2LMHeadModel.save_pretrained writes)."""
         override_args = dict(override_args or {})
-        attention = override_args.pop("attention", "standard")
-        if attention != "standard":
-            raise ValueError(f"pretrained GPT-2 weights exist for standard attention only, not attention="
-                             f"{attention!r}: train the {attention} variant from scratch (init_from='scratch')")
+        check_pretrained_attention(override_args.pop("attention", "standard"))
         unknown = set(override_args) - {"dropout"}
         if unknown:
             raise ValueError(f"only dropout can be overridden for pretrained weights, not {sorted(unknown)}")

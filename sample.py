@@ -20,7 +20,7 @@ import torch
 
 from checkpoint import CheckpointError, load_model_and_tokenizer
 from generate import check_sampling
-from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype, synchronize
+from runtime import DTYPES, CpuThreads, autocast_context, resolve_device, resolve_dtype, synchronize
 from tokenizer import TokenizerUnavailableError
 
 
@@ -101,7 +101,7 @@ def parse_args(argv=None):
     p.add_argument("--compile", action="store_true",
                    help="decode through torch.compile with a fixed-shape cache (CUDA graphs on a GPU); compiling "
                         "takes a while, so it pays for long generations")
-    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on CPU (0 = torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = the cores other processes leave free)")
     return p.parse_args(argv)
 
 
@@ -121,8 +121,7 @@ def main(argv=None):
         check_arguments(args)
         device = check_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
+        CpuThreads(args.threads, device)  # on CPU: as many threads as other processes leave cores free
         torch.manual_seed(args.seed)
         if device.startswith("cuda"):
             torch.cuda.manual_seed(args.seed)

@@ -9,8 +9,7 @@ DDP, one node with 8 GPUs:
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 DDP, two nodes (run on each, node_rank 0 on the master):
     torchrun --nnodes=2 --nproc_per_node=8 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 train.py config/train_gpt2.py
-DDP with train.py as its own torchrun (launcher.py), so that SIGINT/SIGTERM to the launcher stops every
-process after a checkpoint and the launcher exits 0 (torchrun exits 1):
+DDP with train.py as its own torchrun (launcher.py: a SIGINT/SIGTERM stops it with exit status 0):
     python train.py --standalone --nproc_per_node=2 config/quickstart.py --gradient_accumulation_steps=2
 FSDP2 (sharded parameters, gradients and AdamW state; distributed.py): the same lines with --parallelism=fsdp
 
@@ -40,8 +39,8 @@ import torch
 import torch.distributed as dist
 
 import distributed
-from checkpoint import (CHECKPOINT_NAME, SUMMARY_NAME, CheckpointError, first_non_finite, load_checkpoint,
-                        load_weights, lock_out_dir, save_checkpoint)
+from checkpoint import (CHECKPOINT_NAME, SUMMARY_NAME, CheckpointError, first_non_finite, load_resume_checkpoint,
+                        load_weights, resume_hint, save_checkpoint)
 from configurator import DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config
 from data import Batches, DataError, check_data, choose_vocab_size
 from launcher import LaunchError, launch, split_launcher_args
@@ -92,21 +91,11 @@ class Run:
     hellaswag: tuple = None
     out_dir_lock: object = None
 
-    @property
-    def master(self):
-        return self.rank == 0
-
-    @property
-    def fsdp(self):
-        return self.ddp and self.c["parallelism"] == "fsdp"
-
-    @property
-    def accum(self):  # micro-steps per rank per iteration
-        return self.c["gradient_accumulation_steps"] // self.world_size
-
-    @property
-    def tokens_per_iter(self):
-        return self.c["gradient_accumulation_steps"] * self.c["batch_size"] * self.c["block_size"]
+    def __post_init__(self):
+        self.master = self.rank == 0
+        self.fsdp = self.ddp and self.c["parallelism"] == "fsdp"
+        self.accum = self.c["gradient_accumulation_steps"] // self.world_size  # micro-steps per rank per iteration
+        self.tokens_per_iter = self.c["gradient_accumulation_steps"] * self.c["batch_size"] * self.c["block_size"]
 
     def say(self, *args):
         if self.verbose and self.master:
@@ -180,62 +169,13 @@ def train(config, verbose=True):
 
 
 def choose_device(c, ddp, local_rank):
-    """(device, dtype) of this process: under torchrun each process takes its local rank's GPU."""
-    try:
-        device = resolve_device(c["device"])
-        dtype = resolve_dtype(c["dtype"], device)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    """(device, dtype) of this process (resolve_config has checked both): under torchrun each process
+    takes its local rank's GPU."""
+    device = resolve_device(c["device"])
     if ddp and device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    if ddp and c["parallelism"] == "fsdp" and dtype == "float16":
-        raise ConfigError(f"dtype={c['dtype']!r} resolves to float16 on {device}, which FSDP does not "
-                          f"train in: set dtype='bfloat16' or 'float32'")
-    return device, dtype
-
-
-def load_resume_checkpoint(out_dir, model_args, sharded=False):
-    """The checkpoint to resume from, after checking that it trains the model requested; its
-    "source" is the file or folder it was read from. sharded (an FSDP run): the training state of
-    the sharded checkpoint, whose shards build_run loads."""
-    if sharded:
-        checkpoint = distributed.load_train_state(out_dir)
-        checkpoint["source"] = checkpoint["sharded_dir"]
-    else:
-        checkpoint = load_checkpoint(out_dir, map_location="cpu")
-        checkpoint["source"] = out_dir / CHECKPOINT_NAME
-        if "sharded" in checkpoint:
-            raise CheckpointError(f"{checkpoint['source']} is the export of an FSDP run, whose optimizer state is "
-                                  f"in {out_dir / checkpoint['sharded']}: resume it with parallelism='fsdp' under torchrun")
-    saved = checkpoint["model_args"]
-    mismatched = {k: (saved.get(k), v) for k, v in model_args.items() if saved.get(k) != v}
-    if mismatched:
-        details = ", ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, (a, b) in mismatched.items())
-        raise CheckpointError(f"cannot resume from {checkpoint['source']}: its model args differ from the requested "
-                              f"ones ({details})")
-    for key in ("iter_num", "rng") if sharded else ("optimizer", "iter_num", "rng"):
-        if key not in checkpoint:
-            raise CheckpointError(f"cannot resume from {checkpoint['source']}: it has no {key!r} "
-                                  f"(not a training checkpoint)")
-    return checkpoint
-
-
-def resume_hint(out_dir, c):
-    """For a resume that failed on its data or model: the overrides that give the data and model
-    keys of the config the checkpoint was trained with ("" when there is none to read)."""
-    if c["init_from"] != "resume":
-        return ""
-    try:
-        saved = load_checkpoint(out_dir)["config"]
-    except (CheckpointError, KeyError):
-        return ""
-    keys = ("dataset", "data_dir", *MODEL_ARG_KEYS)
-    differ = [f"--{k}={saved[k]!r}" for k in keys if k in saved and saved[k] != c[k]]
-    if not differ:
-        return ""
-    return (f". The checkpoint in {out_dir} was trained with another config; give its config file and overrides "
-            f"again, e.g. these keys differ: {' '.join(differ)}")
+    return device, resolve_dtype(c["dtype"], device)
 
 
 def nothing_to_train(out_dir, iter_num, c, say):
@@ -254,8 +194,9 @@ def announce(run, n_tokens):
     run.say(f"device {run.device}, dtype {run.dtype}, {run.world_size} process(es), {run.accum} micro-step(s) per "
             f"process, {run.tokens_per_iter:,} tokens per iteration; data {run.data_dir}: {n_tokens['train']:,} "
             f"train / {n_tokens['val']:,} val tokens ({run.meta['tokenizer']}, vocab {run.meta['vocab_size']})")
+    # rank 0 creates out_dir and holds its lock until the run or its process ends; all ranks stop if it is taken
+    run.out_dir_lock = distributed.claim_out_dir(run.out_dir, run.ddp)
     if run.master:
-        run.out_dir_lock = lock_out_dir(run.out_dir)  # creates out_dir; released when the run or its process ends
         for stale in run.out_dir.glob(CHECKPOINT_NAME + ".*.tmp"):  # left by a crash while saving
             stale.unlink(missing_ok=True)
 
@@ -355,20 +296,11 @@ def open_logs(run):
                     f"checkpoint, which this run does again")
     run.log = RunLog(run.out_dir, append=resuming, enabled=run.master, wandb_run=wandb_run)
     if c["hellaswag_interval"] and run.master:
-        run.hellaswag = load_hellaswag(c, run.meta, run.say)
-
-
-def load_hellaswag(c, meta, say):
-    """(eval_hellaswag module, examples, tokenizer), or None, saying why, when HellaSwag cannot run."""
-    try:
-        import eval_hellaswag
-        from tokenizer import tokenizer_from_meta
-
-        examples = eval_hellaswag.load_examples(c["hellaswag_file"], c["hellaswag_limit"] or None)
-        return eval_hellaswag, examples, tokenizer_from_meta(meta)
-    except Exception as e:  # a missing module, file or tokenizer: training goes on without HellaSwag
-        say(f"warning: HellaSwag evaluation is off, and training goes on without it: {type(e).__name__}: {e}")
-        return None
+        try:
+            import eval_hellaswag
+        except ImportError as e:  # training goes on without HellaSwag scores
+            return run.say(f"warning: HellaSwag evaluation is off: {e}")
+        run.hellaswag = eval_hellaswag.examples_for_training(c["hellaswag_file"], c["hellaswag_limit"], run.meta, run.say)
 
 
 # -----------------------------------------------------------------------------
@@ -522,11 +454,13 @@ def save(run, reason, evaluated):
 
 
 def run_hellaswag(run):
-    module, examples, tok = run.hellaswag
+    import eval_hellaswag
+
+    examples, tok = run.hellaswag
     run.raw_model.eval()
     try:
         with run.autocast:
-            result = module.evaluate(run.raw_model, examples, tok, run.device, run.c["hellaswag_batch_size"])
+            result = eval_hellaswag.evaluate(run.raw_model, examples, tok, run.device, run.c["hellaswag_batch_size"])
     finally:
         run.raw_model.train()
     run.log.write({"type": "hellaswag", "iter": run.iter_num, **result, "elapsed_s": run.elapsed()})
