@@ -64,6 +64,12 @@ def resolve_dtype(dtype, device):
     return dtype
 
 
+def resolve_device_and_dtype(device, dtype):
+    """(device, dtype) with 'auto' resolved in both; ValueError with a message for the user."""
+    device = resolve_device(device)
+    return device, resolve_dtype(dtype, device)
+
+
 def autocast_context(device, dtype):
     """float32: nothing; bfloat16 / float16: torch.autocast on the device's type."""
     if DTYPES[dtype] == torch.float32:

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
-from runtime import DTYPES, autocast_context, gpu_peak_flops, resolve_device, resolve_dtype, synchronize
+from runtime import DTYPES, autocast_context, gpu_peak_flops, resolve_device_and_dtype, synchronize
 
 SHAPES = {
     "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
@@ -161,8 +161,7 @@ def parse_args():
     parser.add_argument("--nanogpt_dir", default="", help="a NanoGPT checkout: time its model.py as well")
     args = parser.parse_args()
     try:
-        args.device = resolve_device(args.device)
-        args.dtype = resolve_dtype(args.dtype, args.device)
+        args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
         parser.error(str(e))
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
-from runtime import DTYPES, autocast_context, resolve_device, resolve_dtype, synchronize
+from runtime import DTYPES, autocast_context, resolve_device_and_dtype, synchronize
 
 SIZES = {
     # a small model, in the range the character-level quick start trains
@@ -62,8 +62,7 @@ def parse_args():
                              "a 2-core VM 2 threads were 1.5-3.5x slower than 1 (0 = torch's choice)")
     args = parser.parse_args()
     try:
-        args.device = resolve_device(args.device)
-        args.dtype = resolve_dtype(args.dtype, args.device)
+        args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
         parser.error(str(e))
     return args
