@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
-import train
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
+from configurator import MODEL_ARG_KEYS, ConfigError, get_config, resolve_config
+from data import choose_vocab_size
 from model import GPT, GPTConfig
 from tokenizer import read_meta
 
@@ -105,8 +107,8 @@ class PlannedRun:
 def resolved_config(config_file, overrides):
     """train.py's own config for these arguments; its ConfigError becomes a SweepError."""
     try:
-        return train.resolve_config(train.get_config([config_file, *overrides]))
-    except train.ConfigError as e:
+        return resolve_config(get_config([config_file, *overrides]))
+    except ConfigError as e:
         raise SweepError(str(e)) from None
 
 
@@ -118,10 +120,8 @@ def model_flops_per_token(c):
         meta = read_meta(data_dir)
     except (FileNotFoundError, ValueError) as e:
         raise SweepError(str(e)) from None
-    vocab_size = train.choose_vocab_size(c, meta, -1, data_dir)  # the data's largest id is train.py's check
-    args = {key: c[key] for key in train.MODEL_ARG_KEYS} | {"vocab_size": vocab_size}
-    import torch
-
+    vocab_size = choose_vocab_size(c, meta, -1, data_dir)  # the data's largest id is train.py's check
+    args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": vocab_size}
     with torch.device("meta"):
         return GPT(GPTConfig(**args)).flops_per_token()
 
@@ -457,18 +457,31 @@ def variant_points(summaries, variant, labels, x_key, seed=None):
     return tuple(np.array(column) for column in zip(*points)) if points else (np.array([]),) * 3
 
 
-def compute_ratio(summaries, labels, variant, reference, target, seed=None):
-    """C_variant(target) / C_reference(target) from the fitted curves, or None when either is out of range."""
+def fitted_loss_at_largest(fit):
+    return fit["E"] + fit["A"] * fit["compute_range"][1] ** -fit["alpha"]
+
+
+def compute_ratio(summaries, labels, variant, reference, target=None, seed=None):
+    """C_variant(target) / C_reference(target) from the fitted curves, or None when either is out of
+    range. No target: the reference's fitted loss at its largest size (of this seed's curve)."""
     fits = [fit_loss_curve(*variant_points(summaries, v, labels, "training_flops", seed)[:2]) for v in (variant, reference)]
-    needed = [compute_for_loss(fit, target) for fit in fits]
+    if target is None and fits[1] is not None:
+        target = fitted_loss_at_largest(fits[1])
+    needed = [compute_for_loss(fit, target) for fit in fits] if target is not None else [None]
     return needed[0] / needed[1] if None not in needed else None
 
 
 def analyse(summaries, labels, variants, reference, seeds, target=None):
     """Per variant: the fit of val loss against training FLOPs over sizes, and the compute it needs for
-    the target loss (by default the reference's loss at the largest size) as a ratio to the reference's."""
+    the target loss as a ratio to the reference's. The default target is the reference's loss at its
+    largest size as its fitted curve gives it (so the reference needs exactly its largest budget; its
+    measured loss there, off the curve by a residual, could fall outside the range), or the measured
+    loss when there is no fit."""
     fits = {v: fit_loss_curve(*variant_points(summaries, v, labels, "training_flops")[:2]) for v in variants}
-    if target is None:
+    per_seed_target = target  # None: each seed's own reference curve sets its target
+    if target is None and fits.get(reference):
+        target = fitted_loss_at_largest(fits[reference])
+    elif target is None:
         reference_losses = variant_points(summaries, reference, labels, "training_flops")[1]
         target = float(reference_losses[-1]) if len(reference_losses) else None
     needs = {}
@@ -477,8 +490,8 @@ def analyse(summaries, labels, variants, reference, seeds, target=None):
         needs[variant] = {"compute": compute, "ratio": None, "ratio_per_seed": []}
         if target is not None and reference in variants:
             needs[variant]["ratio"] = compute_ratio(summaries, labels, variant, reference, target)
-            needs[variant]["ratio_per_seed"] = [compute_ratio(summaries, labels, variant, reference, target, seed)
-                                                for seed in range(seeds)]
+            needs[variant]["ratio_per_seed"] = [compute_ratio(summaries, labels, variant, reference, per_seed_target,
+                                                              seed) for seed in range(seeds)]
     return {"reference": reference, "target_loss": target, "fits": fits, "compute_for_target": needs}
 
 

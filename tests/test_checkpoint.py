@@ -6,6 +6,7 @@ import stat
 import pytest
 import torch
 
+from atomic import write_text_atomic
 from checkpoint import (CheckpointError, NonFiniteCheckpointError, first_non_finite, load_checkpoint, load_weights,
                         save_checkpoint)
 from model import GPT, GPTConfig
@@ -29,9 +30,9 @@ def test_checkpoint_permissions_follow_the_umask(tmp_path, umask, mask, mode):
     path = tmp_path / "ckpt.pt"
     save_checkpoint(small_checkpoint(), path)
     assert stat.S_IMODE(path.stat().st_mode) == mode
-    other = tmp_path / "other.txt"  # what any other output of a run gets
-    other.write_text("x")
-    assert stat.S_IMODE(other.stat().st_mode) == mode
+    summary = tmp_path / "summary.json"  # the run's other files go through atomic.py too
+    write_text_atomic(summary, "{}")
+    assert stat.S_IMODE(summary.stat().st_mode) == mode
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
