@@ -15,7 +15,6 @@ import argparse
 import platform
 import sys
 import time
-
 from pathlib import Path
 
 import torch
