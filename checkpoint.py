@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from atomic import atomic_file
+from configurator import MODEL_ARG_KEYS
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from tokenizer import GPT2Tokenizer, read_meta, tokenizer_from_meta
 
@@ -103,7 +104,7 @@ def resume_hint(out_dir, c):
         saved = load_checkpoint(out_dir)["config"]
     except (CheckpointError, KeyError):
         return ""
-    keys = ("dataset", "data_dir", *(f.name for f in fields(GPTConfig)))
+    keys = ("dataset", "data_dir", *MODEL_ARG_KEYS)
     differ = [f"--{k}={saved[k]!r}" for k in keys if k in saved and saved[k] != c[k]]
     if not differ:
         return ""

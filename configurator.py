@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from model import ATTENTION_VARIANTS, MLPS, NORMS, POSITIONS, PRETRAINED_GPT2, GPTConfig, check_pretrained_attention
-from runtime import DTYPES, resolve_device, resolve_dtype
+from runtime import DTYPES, resolve_device_and_dtype
 
 
 class ConfigError(ValueError):
@@ -209,7 +209,7 @@ def resolve_config(config):
     if c["peak_flops"] != "auto" and not (math.isfinite(c["peak_flops"]) and c["peak_flops"] > 0):
         raise bad("peak_flops", "must be 'auto' or a positive number of FLOP/s, e.g. 989e12")
     try:  # where this process would run, and in what precision
-        dtype = resolve_dtype(c["dtype"], resolve_device(c["device"]))
+        _, dtype = resolve_device_and_dtype(c["device"], c["dtype"])
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if c["parallelism"] == "fsdp" and dtype == "float16":
