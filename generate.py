@@ -113,18 +113,22 @@ def generate_cached(model, idx, max_new_tokens, temperature, top_k, compile):
     cache = kept_cache(model) if compile else KVCache(model.config.n_layer, block_size)
     cache.length = 0
     input_pos = torch.zeros(1, dtype=torch.long, device=idx.device)
+    token = idx[:, -1:]
     for _ in range(max_new_tokens):
         if cache.length == 0 or idx.size(1) > block_size:  # the first step, or the window slid: refill, eagerly
             cache.length = 0
             logits = model(idx[:, -block_size:], kv_cache=cache)[0][:, -1]
         elif not compile:
-            logits = model(idx[:, -1:], kv_cache=cache)[0][:, -1]
+            logits = model(token, kv_cache=cache)[0][:, -1]
         else:
             input_pos.fill_(cache.length)
             torch.compiler.cudagraph_mark_step_begin()
-            logits = compiled_decode_step(idx.is_cuda)(model, idx[:, -1:], input_pos, cache)
+            # token is sample_next's own (B, 1) tensor, not a view of idx: a view's stride grows with idx,
+            # and dynamo would recompile for it (and CUDA graphs re-record per stride)
+            logits = compiled_decode_step(idx.is_cuda)(model, token, input_pos, cache)
             cache.length += 1
-        idx = torch.cat((idx, sample_next(logits, temperature, top_k)), dim=1)
+        token = sample_next(logits, temperature, top_k)
+        idx = torch.cat((idx, token), dim=1)
     return idx
 
 

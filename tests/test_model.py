@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 from torch.nn import functional as F
+from torch._dynamo.utils import counters
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -296,12 +297,16 @@ def test_compiled_generation_equals_eager(attention, options):
     prompt = random_tokens(2, 5)
     steps = 2 * TINY["block_size"]  # the window slides: refills between compiled steps
     recompile_limit = torch._dynamo.config.recompile_limit
+    graphs_before = counters["stats"]["unique_graphs"]
     for sampling in (dict(top_k=1), dict(temperature=0.9, top_k=5)):
         torch.manual_seed(7)
         eager = model.generate(prompt, steps, **sampling)
         torch.manual_seed(7)
         compiled = model.generate(prompt, steps, compile=True, **sampling)
         assert torch.equal(compiled, eager), sampling
+    # one graph for the model, whatever the step, refill or call: a recompile per step (a CUDA graph
+    # re-recorded per token on a GPU) would make compiled decoding slower than eager
+    assert counters["stats"]["unique_graphs"] - graphs_before <= 1
     assert torch._dynamo.config.recompile_limit == recompile_limit  # sampling changes no global setting
 
 
