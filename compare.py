@@ -29,7 +29,6 @@ The results land in
 
 import argparse
 import math
-import shlex
 import sys
 from pathlib import Path
 
@@ -121,7 +120,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, train_overrides = parse_args(argv)
     out_dir = Path(args.out_dir).resolve()
-    command = shlex.join(["python", "compare.py", *argv])
+    command = frontier.shell_join(["python", "compare.py", *argv])
     try:
         plan, budgets = frontier.plan_sweep(args, train_overrides, out_dir)
         print(describe_plan(args, plan, budgets), flush=True)

@@ -10,6 +10,7 @@ super's W^A V included), not 6N. Parameters are the total count (embeddings incl
 once), as the FLOP count includes the output head.
 """
 
+import ast
 import json
 import math
 import re
@@ -27,7 +28,7 @@ import torch
 
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
-from configurator import MODEL_ARG_KEYS, ConfigError, get_config, resolve_config
+from configurator import MODEL_ARG_KEYS, ConfigError, get_config, parse_override, resolve_config
 from data import choose_vocab_size
 from model import GPT, GPTConfig
 from tokenizer import read_meta
@@ -104,6 +105,22 @@ class PlannedRun:
                     training_flops=self.training_flops, run_dir=str(self.run_dir))
 
 
+def config_literal(value):
+    """value written as train.py's configurator reads it back after --key=: a string bare when the
+    configurator keeps it as the string (standard, /path/out), quoted when it would read as a number
+    or a bool ('1', 'True'); numbers and bools as Python writes them (0.001, True)."""
+    if isinstance(value, str):
+        try:
+            ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value  # the configurator's fallback: what it cannot parse is the plain string
+    return repr(value)
+
+
+def train_arg(key, value):
+    return f"--{key}={config_literal(value)}"
+
+
 def resolved_config(config_file, overrides):
     """train.py's own config for these arguments; its ConfigError becomes a SweepError."""
     try:
@@ -149,10 +166,11 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
     summary = read_json(probe_dir / SUMMARY_NAME)
     if not (summary and summary["stop_reason"] == "max_iters"):
         probe_dir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, str(REPO / "train.py"), config_file, *overrides, f"--attention={variant!r}",
-                   f"--out_dir={str(probe_dir)!r}", f"--max_iters={probe_iters}", f"--lr_decay_iters={probe_iters}",
-                   "--warmup_iters=0", f"--eval_interval={probe_iters}", "--eval_iters=1",
-                   f"--log_interval={probe_iters}", "--always_save_checkpoint=False"]
+        settings = dict(attention=variant, out_dir=str(probe_dir), max_iters=probe_iters, lr_decay_iters=probe_iters,
+                        warmup_iters=0, eval_interval=probe_iters, eval_iters=1, log_interval=probe_iters,
+                        always_save_checkpoint=False)
+        command = [sys.executable, str(REPO / "train.py"), config_file, *overrides,
+                   *(train_arg(key, value) for key, value in settings.items())]
         with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
             code = forwarder.run(command, stdout=log, stderr=subprocess.STDOUT)
         if forwarder.received:
@@ -171,7 +189,7 @@ def cost_per_iter(match, c, flops_per_token, seconds):
 
 def plan_size(args, overrides, shape, out_dir):
     """The runs of one size: each variant's iterations under the budget, for every seed."""
-    shape_args = [f"--{k}={v}" for k, v in zip(SHAPE_KEYS, shape)] if shape else []
+    shape_args = [train_arg(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
     c = resolved_config(args.config, overrides + shape_args)
     label = size_label(tuple(c[k] for k in SHAPE_KEYS))
     variants = list(dict.fromkeys([*args.variants, args.reference]))
@@ -191,8 +209,8 @@ def plan_size(args, overrides, shape, out_dir):
         schedule = scaled_schedule(c, iterations, args.match)
         for seed in range(args.seeds):
             run_dir = out_dir / label / f"{variant}-seed{seed}" if shape else out_dir / f"{variant}-seed{seed}"
-            train_args = [args.config, *overrides, *shape_args, f"--attention={variant!r}", f"--seed={seed}",
-                          f"--out_dir={str(run_dir)!r}", *(f"--{k}={v}" for k, v in schedule.items())]
+            settings = dict(attention=variant, seed=seed, out_dir=str(run_dir), **schedule)
+            train_args = [args.config, *overrides, *shape_args, *(train_arg(k, v) for k, v in settings.items())]
             resolved_config(args.config, train_args[1:])  # every run's settings are checked before any trains
             runs[variant, seed] = PlannedRun(label, variant, seed, iterations, schedule, costs[variant][0],
                                              cost_per_iter("tokens", c, 0, None), run_dir, train_args)
@@ -253,12 +271,32 @@ def read_log(run_dir):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def shell_join(words):
+    """A command line as a user would type it: shlex's quoting, but a word holding single quotes
+    (--wandb_run_name='1') in double quotes, where the shell takes them literally, rather than in
+    shlex's '"'"' splices."""
+    return " ".join(f'"{word}"' if "'" in word and not re.search(r'["$`\\!]', word) else shlex.quote(word)
+                    for word in words)
+
+
+def same_plan(recorded_args, train_args):
+    """Whether two train.py argument lists name the same config file and override values, however the
+    values are spelled (a folder recorded with --attention='standard' holds the plan --attention=standard)."""
+    def settings(args):
+        return args[0], dict(parse_override(arg) for arg in args[1:])
+
+    try:
+        return settings(recorded_args) == settings(train_args)
+    except ConfigError:  # a recorded key train.py no longer knows: another plan
+        return False
+
+
 def run_status(run):
     """'done', 'resume' or 'new'; a run folder planned with other settings is an error."""
     record = read_json(run.run_dir / RECORD_NAME)
     if record is None:
         return "new"
-    if record["train_args"] != run.train_args:
+    if not same_plan(record["train_args"], run.train_args):
         raise SweepError(f"{run.run_dir} holds a run planned with other settings (its {RECORD_NAME} differs): "
                          f"rerun the command that made it, or choose another --out_dir")
     summary = read_json(run.run_dir / SUMMARY_NAME)
@@ -275,7 +313,7 @@ def train_once(run, status, launcher, forwarder):
     write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "wall_time_s": segments}))
     args = run.train_args + (["--init_from=resume"] if status == "resume" else [])
     command = (shlex.split(launcher) if launcher else [sys.executable]) + [str(REPO / "train.py"), *args]
-    print(shlex.join(command), flush=True)
+    print(shell_join(command), flush=True)
     code = forwarder.run(command)
     summary = read_json(run.run_dir / SUMMARY_NAME)
     if summary is not None and code == 0:
@@ -574,6 +612,24 @@ def plot_losses(plt, logs, path):
     plt.close(fig)
 
 
+def label_log_axis(ax):
+    """A log x axis labelled 200k, 500k, 1M: SI prefixes at 1, 2, 3 and 5 of each decade, decades alone
+    on a long axis, evenly spaced values on a short one (under a factor of 4, where a log axis is nearly
+    linear). matplotlib's own labels of an axis spanning about one decade, 3x10^12 beside 4x10^12, run
+    into each other."""
+    from matplotlib.ticker import EngFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    ax.set_xscale("log")
+    low, high = ax.get_xlim()
+    decades = math.log10(high / low)
+    if decades < 0.6:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, steps=(1, 2, 5, 10)))
+    else:
+        ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 3, 5) if decades < 2 else (1,)))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_frontier(plt, summaries, labels, variants, fits, path):
     """Val loss against training FLOPs (with the fits), parameters and wall-clock, one line per variant
     through its sizes (error bars: std over seeds); and the fits' residuals."""
@@ -591,10 +647,10 @@ def plot_frontier(plt, summaries, labels, variants, fits, path):
             x = variant_points(summaries, variant, labels, "training_flops")[0]
             axes[1, 1].plot(x, fit["residuals"], color=f"C{i}", marker="o", label=variant)
     for ax, _, xlabel in views:
-        ax.set_xscale("log")
+        label_log_axis(ax)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("val loss")
-    axes[1, 1].set_xscale("log")
+    label_log_axis(axes[1, 1])
     axes[1, 1].axhline(0, color="grey", lw=0.8)
     axes[1, 1].set_xlabel("training FLOPs")
     axes[1, 1].set_ylabel("val loss - fit")

@@ -8,9 +8,12 @@ import signal
 import subprocess
 import sys
 
+import shlex
+
 import numpy as np
 import pytest
 import compare
+import configurator
 import frontier
 import train
 from conftest import REPO
@@ -74,10 +77,16 @@ def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
     assert "HellaSwag" not in header  # no data given, so no empty columns
     efficient_row = next(line for line in table if line.startswith("| efficient |"))
     assert "| 544 (1) |" in efficient_row  # fewer attention parameters ranks first
+
+    out = capsys.readouterr().out
+    command = next(line for line in out.splitlines() if "train.py" in line and "--attention=standard" in line)
+    settings = dict(configurator.parse_override(word) for word in shlex.split(command) if word.startswith("--"))
+    assert settings["attention"] == "standard" and settings["seed"] == 0 and settings["max_iters"] == 6
+    assert settings["out_dir"] == str(out_dir.resolve() / "standard-seed0")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        assert "loss.png and frontier.png skipped" in capsys.readouterr().out
+        assert "loss.png and frontier.png skipped" in out
     else:
         assert (out_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -90,6 +99,37 @@ def test_several_seeds_report_mean_and_spread(tiny_run):
     assert len(val["runs"]) == 2 and val["runs"][0] != val["runs"][1]  # different seeds, different runs
     assert val["mean"] == pytest.approx(sum(val["runs"]) / 2) and val["std"] > 0
     assert "±" in (out_dir / "results.md").read_text()
+
+
+# values of every type a run's train.py command may carry, strings that read as a number or a bool among them
+TRAIN_VALUES = {"attention": "efficient", "device": "cpu", "out_dir": "/tmp/a run/out", "data_dir": "it's here",
+                "hellaswag_file": 'say "hi" to $HOME', "wandb_run_name": "1", "wandb_project": "True",
+                "dataset": "6e-4", "max_iters": 40, "seed": 0, "learning_rate": 1e-3, "min_lr": 6e-4,
+                "weight_decay": 0.1, "dropout": 0.0, "compile": False, "decay_lr": True}
+
+
+def test_a_printed_train_command_reads_back_as_the_planned_values():
+    line = frontier.shell_join(["python", "train.py", *(frontier.train_arg(k, v) for k, v in TRAIN_VALUES.items())])
+    words = shlex.split(line)
+    settings = dict(configurator.parse_override(word) for word in words[2:])
+    assert settings == TRAIN_VALUES
+    assert {key: type(value) for key, value in settings.items()} == {k: type(v) for k, v in TRAIN_VALUES.items()}
+    for plain in ("--attention=efficient", "--max_iters=40", "--learning_rate=0.001", "--min_lr=0.0006",
+                  "--compile=False", "--dataset='6e-4'"):
+        assert plain in words
+    # as typed: bare where the shell allows, a word with single quotes in double quotes
+    for typed in (" --attention=efficient ", " --learning_rate=0.001 ", " \"--wandb_run_name='1'\" ",
+                  " \"--data_dir=it's here\" ", " '--out_dir=/tmp/a run/out' "):
+        assert typed in line
+
+
+def test_a_run_recorded_with_quoted_values_is_the_same_plan():
+    planned = ["config.py", "--attention=standard", "--out_dir=/tmp/out", "--learning_rate=0.001"]
+    assert frontier.same_plan(["config.py", "--attention='standard'", "--out_dir='/tmp/out'", "--learning_rate=1e-3"],
+                              planned)
+    assert not frontier.same_plan(["config.py", "--attention=efficient", "--out_dir=/tmp/out",
+                                   "--learning_rate=0.001"], planned)
+    assert not frontier.same_plan(["config.py", "--attention=standard", "--out_dir=/tmp/out"], planned)
 
 
 # -----------------------------------------------------------------------------
@@ -149,6 +189,32 @@ def test_a_budget_stopped_run_ends_on_its_schedules_final_learning_rate(tiny_run
     # the last step is the cosine's last: within its final step of min_lr, far below the peak
     last_step = 0.5 * (1 - math.cos(math.pi / (run["iterations"] - run["warmup_iters"]))) * (1e-2 - 1e-3)
     assert 1e-3 <= steps[-1]["lr"] <= 1e-3 + last_step + 1e-12
+
+
+@pytest.mark.slow
+def test_a_time_matched_sweep_plans_from_its_probes_and_a_rerun_reuses_them(tiny_run, capsys):
+    config, out_dir = tiny_run
+    argv = [str(config), "--variants=standard,efficient", "--match=time", "--budget_seconds=0.1", "--probe_iters=3",
+            f"--out_dir={out_dir}"]
+    assert compare.main(argv) == 0
+    planned = json.loads((out_dir / "results.json").read_text())["plan"]
+    probe_files = {}
+    for run in planned:
+        probe_dir = out_dir / "probes" / "1x2x16" / run["variant"]
+        probe = json.loads((probe_dir / "summary.json").read_text())
+        assert probe["stop_reason"] == "max_iters" and probe["iterations"] == 3
+        assert run["iterations"] == max(1, round(0.1 / (probe["mean_ms_per_iter"] / 1000)))
+        trained = json.loads((out_dir / f"{run['variant']}-seed0" / "summary.json").read_text())
+        assert trained["stop_reason"] == "max_iters" and trained["iterations"] == run["iterations"]
+        steps = frontier.read_log(out_dir / f"{run['variant']}-seed0")
+        assert [s["iter"] for s in steps if s["type"] == "train"] == list(range(1, run["iterations"] + 1))
+        probe_files.update({path: (path.stat().st_mtime_ns, path.read_bytes()) for path in probe_dir.iterdir()})
+
+    capsys.readouterr()
+    assert compare.main(argv) == 0
+    assert capsys.readouterr().out.count("finished already, skipped") == 2
+    assert json.loads((out_dir / "results.json").read_text())["plan"] == planned
+    assert {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in probe_files} == probe_files  # not probed again
 
 
 @pytest.mark.parametrize("argv, message", [
