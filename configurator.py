@@ -104,6 +104,7 @@ SETTINGS = {
     "hellaswag_batch_size": Setting(8, "examples per forward pass"),
 }
 DEFAULT_CONFIG = {key: setting.default for key, setting in SETTINGS.items()}
+NUMBER_OR_WORD = {"peak_flops"}  # keys that take a number, though their default is a word ('auto')
 assert set(MODEL_ARG_KEYS) <= set(DEFAULT_CONFIG), "every GPTConfig field is a config key"
 
 
@@ -128,8 +129,8 @@ def check_value(key, value, defaults=DEFAULT_CONFIG):
     expected = type(defaults[key])
     if expected is float and type(value) is int:
         return float(value)
-    if key == "peak_flops" and type(value) in (int, float):
-        return float(value)  # a number, or the default 'auto'
+    if key in NUMBER_OR_WORD and type(value) in (int, float):
+        return float(value)
     if type(value) is not expected:
         raise ConfigError(f"config key {key!r} expects a value of type {expected.__name__}, "
                           f"got {value!r} of type {type(value).__name__}")
@@ -147,7 +148,7 @@ def parse_override(arg, defaults=DEFAULT_CONFIG):
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         value = raw  # a bare word such as --attention=efficient
-    if isinstance(defaults[key], str) and not isinstance(value, str):
+    if isinstance(defaults[key], str) and not isinstance(value, str) and key not in NUMBER_OR_WORD:
         value = raw  # e.g. --wandb_run_name=2024 stays the string '2024'
     return key, check_value(key, value, defaults)
 
@@ -206,7 +207,8 @@ def resolve_config(config):
     for key, setting in SETTINGS.items():
         if setting.choices and key not in MODEL_ARG_KEYS and c[key] not in setting.choices:
             raise bad(key, f"choose one of {', '.join(map(repr, setting.choices))}")
-    if c["peak_flops"] != "auto" and not (math.isfinite(c["peak_flops"]) and c["peak_flops"] > 0):
+    peak = c["peak_flops"]
+    if peak != "auto" and not (isinstance(peak, float) and math.isfinite(peak) and peak > 0):
         raise bad("peak_flops", "must be 'auto' or a positive number of FLOP/s, e.g. 989e12")
     try:  # where this process would run, and in what precision
         _, dtype = resolve_device_and_dtype(c["device"], c["dtype"])

@@ -68,6 +68,18 @@ def test_overrides_parse_as_python_literals():
     assert config["wandb_run_name"] == "2024"
 
 
+@pytest.mark.parametrize("arg, value", [("--peak_flops=989e12", 989e12), ("--peak_flops=312000000000000", 312e12),
+                                        ("--peak_flops=auto", "auto")])
+def test_peak_flops_takes_a_number_or_auto_from_the_command_line(arg, value):
+    assert T.resolve_config(T.get_config([arg, "--device=cpu"]))["peak_flops"] == value
+
+
+@pytest.mark.parametrize("arg", ["--peak_flops=fast", "--peak_flops=-1e12", "--peak_flops=inf"])
+def test_a_bad_peak_flops_is_one_clear_error(arg):
+    with pytest.raises(T.ConfigError, match="peak_flops.*must be 'auto' or a positive number"):
+        T.resolve_config(T.get_config([arg, "--device=cpu"]))
+
+
 def test_config_file_then_overrides(tmp_path):
     path = tmp_path / "cfg.py"
     path.write_text("import math\nn_layer = 3\nlearning_rate = 2e-4\n_private = 'ignored'\n")
