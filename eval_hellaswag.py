@@ -37,6 +37,7 @@ ending longer than block_size tokens (possible with a character-level model) is 
 block_size tokens only; such endings are counted in n_endings_truncated.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -50,7 +51,8 @@ import torch
 
 from atomic import atomic_file, write_text_atomic
 from checkpoint import load_model_and_tokenizer
-from runtime import DTYPES, CpuThreads, autocast_context, resolve_device, resolve_dtype
+from runtime import (DTYPES, CpuThreads, autocast_context, resolve_device, resolve_device_and_dtype,
+                     resolve_dtype)
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_FILENAME = "hellaswag_val.jsonl"
@@ -60,6 +62,12 @@ NUM_ENDINGS = 4
 METRICS = ("acc", "acc_norm", "acc_char_norm", "acc_harness")
 HARNESS_METRICS = ("acc_char_norm", "acc_harness")  # computed from HARNESS_FIELDS
 HARNESS_FIELDS = ("activity_label", "ctx_a", "ctx_b")
+METRIC_DESCRIPTIONS = {  # written into the results JSON, under "settings"
+    "acc": "argmax summed log-likelihood of ' ' + ending given ex['ctx'] (NanoGPT-family text)",
+    "acc_norm": "argmax mean log-likelihood per ending token, same text (build-nanogpt's acc_norm)",
+    "acc_char_norm": "argmax summed log-likelihood / len(preprocessed ending), lm-evaluation-harness text and normalisation (its acc_norm)",
+    "acc_harness": "argmax summed log-likelihood, lm-evaluation-harness text (its acc)",
+}
 
 
 class HellaSwagError(ValueError):
@@ -67,7 +75,7 @@ class HellaSwagError(ValueError):
 
 
 # -----------------------------------------------------------------------------
-# data
+# loading
 
 def download_hellaswag(cache_dir=DEFAULT_CACHE_DIR, url=HELLASWAG_URL, timeout=60):
     """Path of the official validation jsonl in cache_dir, downloading it first if absent.
@@ -162,6 +170,9 @@ def examples_for_training(path, limit, meta, say):
         return None
 
 
+# -----------------------------------------------------------------------------
+# scoring: the two texts of an example, their tokens, the log-likelihood of each ending
+
 def harness_preprocess(text):
     """lm-evaluation-harness's HellaSwag text cleaning (the brackets are WikiHow artifacts)."""
     text = text.strip()
@@ -186,9 +197,6 @@ def harness_texts(example):
     # the continuation carries the target delimiter " ", the normalising length does not
     return query, [" " + choice for choice in choices], [len(choice) for choice in choices]
 
-
-# -----------------------------------------------------------------------------
-# scoring
 
 def _encode(tokenizer, text, example, what):
     try:
@@ -260,6 +268,9 @@ def continuation_logprobs(model, pairs, device="cpu", dtype="float32"):
     return list(zip(sums, n_scored))
 
 
+# -----------------------------------------------------------------------------
+# metrics
+
 def _argmax(values):
     """Index of the largest value, the first on ties (like numpy.argmax)."""
     return max(range(len(values)), key=lambda i: (values[i], -i))
@@ -288,6 +299,52 @@ def check_batch_size(batch_size):
         raise HellaSwagError(f"batch_size={batch_size} must be at least 1")
 
 
+def score_batch(model, batch, tokenizer, harness, device, dtype):
+    """[(score_example's result, how many of its endings were only partly scored)] for each example
+    of batch, all of them through the model in one forward pass."""
+    requests = [example_requests(ex, tokenizer, harness) for ex in batch]
+    scored = continuation_logprobs(model, [pair for req in requests for pair in req[0]], device, dtype)
+    out, offset = [], 0
+    for ex, (pairs, nanogpt_index, harness_index, char_lengths) in zip(batch, requests):
+        own = scored[offset:offset + len(pairs)]
+        offset += len(pairs)
+        truncated = sum(1 for (_, continuation), (_, n) in zip(pairs, own) if n < len(continuation))
+        out.append((score_example(ex, own, nanogpt_index, harness_index, char_lengths), truncated))
+    return out
+
+
+@contextlib.contextmanager
+def _eval_mode(model):
+    """The model in eval mode (no dropout) while scoring, then back in training mode if it was."""
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
+
+
+def _progress_bar(progress, total, rank, world_size):
+    """A tqdm bar over this rank's examples (closed on leaving its `with`), or nothing to show."""
+    if not progress:
+        return contextlib.nullcontext()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"hellaswag rank {rank}" if world_size > 1 else "hellaswag", unit="ex")
+
+
+def _sum_over_ranks(counts, device, world_size):
+    """The counts (ints) summed over the ranks when torch.distributed is initialised, else as given."""
+    if not (world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return counts
+    on = device if torch.distributed.get_backend() == "nccl" else "cpu"  # NCCL reduces CUDA tensors only
+    total = torch.tensor(counts, dtype=torch.long, device=on)
+    torch.distributed.all_reduce(total)
+    return total.tolist()
+
+
 def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="float32",
              rank=0, world_size=1, progress=False, return_details=False):
     """HellaSwag accuracies of `model` on `examples` (from load_examples).
@@ -299,59 +356,30 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
     initialised, the counts are summed over the ranks, so every rank returns the global result.
 
     Returns {"acc", "acc_norm", "acc_char_norm", "acc_harness", "n", "correct": {metric: count},
-    "n_endings_truncated"} (+ "details", this rank's per-example scores, if return_details). The two
-    harness metrics are None, and not in "correct", unless every example has HARNESS_FIELDS."""
+    "n_endings_truncated", "block_size"} (+ "details", this rank's per-example scores, if
+    return_details). The two harness metrics are None, and not in "correct", unless every example
+    has HARNESS_FIELDS."""
     check_batch_size(batch_size)
     harness = all(has_harness_text(ex) for ex in examples)  # over all examples: every rank decides alike
     metrics = METRICS if harness else tuple(m for m in METRICS if m not in HARNESS_METRICS)
     mine = examples[rank::world_size]
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    correct = {m: 0 for m in metrics}
-    truncated = 0
-    details = []
-    block_size = model.config.block_size
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(mine), desc=f"hellaswag rank {rank}" if world_size > 1 else "hellaswag", unit="ex")
-    try:
+    correct, truncated, details = dict.fromkeys(metrics, 0), 0, []
+    with _eval_mode(model), _progress_bar(progress, len(mine), rank, world_size) as bar:
         for start in range(0, len(mine), batch_size):
             batch = mine[start:start + batch_size]
-            requests = [example_requests(ex, tokenizer, harness) for ex in batch]
-            all_pairs = [pair for req in requests for pair in req[0]]
-            scored = continuation_logprobs(model, all_pairs, device, dtype)
-            offset = 0
-            for ex, (pairs, nanogpt_index, harness_index, char_lengths) in zip(batch, requests):
-                mine_scored = scored[offset:offset + len(pairs)]
-                truncated += sum(1 for (ctx, cont), (_, n) in zip(pairs, mine_scored) if n < len(cont))
-                offset += len(pairs)
-                result = score_example(ex, mine_scored, nanogpt_index, harness_index, char_lengths)
+            for result, n_truncated in score_batch(model, batch, tokenizer, harness, device, dtype):
+                truncated += n_truncated
                 for m in metrics:
-                    correct[m] += int(result["pred"][m] == ex["label"])
+                    correct[m] += int(result["pred"][m] == result["label"])
                 if return_details:
                     details.append(result)
             if bar is not None:
                 bar.update(len(batch))
-                done = bar.n
-                bar.set_postfix({m: f"{correct[m] / done:.4f}" for m in metrics[:3]})
-    finally:
-        if bar is not None:
-            bar.close()
-        if was_training:
-            model.train()
-
-    n = len(mine)
-    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        counts = torch.tensor([n, truncated] + [correct[m] for m in metrics], dtype=torch.long,
-                              device=device if torch.distributed.get_backend() == "nccl" else "cpu")
-        torch.distributed.all_reduce(counts)
-        n, truncated, *values = counts.tolist()
-        correct = dict(zip(metrics, values))
+                bar.set_postfix({m: f"{correct[m] / bar.n:.4f}" for m in metrics[:3]})
+    n, truncated, *values = _sum_over_ranks([len(mine), truncated, *correct.values()], device, world_size)
+    correct = dict(zip(metrics, values))
     results = {m: (correct[m] / n if n else float("nan")) if m in correct else None for m in METRICS}
-    results.update(n=n, correct=correct, n_endings_truncated=truncated, block_size=block_size)
+    results.update(n=n, correct=correct, n_endings_truncated=truncated, block_size=model.config.block_size)
     if return_details:
         results["details"] = details
     return results
@@ -367,23 +395,7 @@ def evaluate_checkpoint(out_dir, data_file, limit=None, device="auto", dtype="au
 
 
 # -----------------------------------------------------------------------------
-# command line
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init_from", default="resume", help="'resume' (checkpoint in --out_dir) or gpt2, gpt2-medium, ...")
-    p.add_argument("--out_dir", default="out", help="training out_dir holding ckpt.pt, or a checkpoint file")
-    p.add_argument("--data_file", default=None, help="a local HellaSwag-format jsonl (default: download the official validation set)")
-    p.add_argument("--cache_dir", default=str(DEFAULT_CACHE_DIR), help="where the official file is downloaded to once")
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
-    p.add_argument("--batch_size", type=int, default=1, help="examples per forward pass (each is up to 8 sequences)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on CUDA if supported, else float32")
-    p.add_argument("--output", default=None, help="results JSON (default: hellaswag.json beside the checkpoint, or hellaswag_<model>.json)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = the cores other processes leave free)")
-    p.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
-    return p.parse_args(argv)
-
+# reporting
 
 def _default_output(args):
     if args.init_from != "resume":
@@ -427,86 +439,114 @@ def report(results, output):
     print(f"results written to {output}")
 
 
-def main(argv=None):
-    from checkpoint import CheckpointError
-    from tokenizer import TokenizerUnavailableError
+# -----------------------------------------------------------------------------
+# command line
 
-    args = parse_args(argv)
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    rank, world_size, local_rank = 0, 1, 0
-    output = Path(args.output) if args.output else _default_output(args)
-    try:
-        if int(os.environ.get("RANK", "0")) == 0:  # the rank that writes; before anything slow starts
-            check_writable(output)
-        if distributed:
-            import torch.distributed as dist
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init_from", default="resume", help="'resume' (checkpoint in --out_dir) or gpt2, gpt2-medium, ...")
+    p.add_argument("--out_dir", default="out", help="training out_dir holding ckpt.pt, or a checkpoint file")
+    p.add_argument("--data_file", default=None, help="a local HellaSwag-format jsonl (default: download the official validation set)")
+    p.add_argument("--cache_dir", default=str(DEFAULT_CACHE_DIR), help="where the official file is downloaded to once")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
+    p.add_argument("--batch_size", type=int, default=1, help="examples per forward pass (each is up to 8 sequences)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, mps")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on CUDA if supported, else float32")
+    p.add_argument("--output", default=None, help="results JSON (default: hellaswag.json beside the checkpoint, or hellaswag_<model>.json)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = the cores other processes leave free)")
+    p.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
+    return p.parse_args(argv)
 
-            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            use_cuda = resolve_device(args.device).startswith("cuda")
-            if use_cuda:
-                args.device = f"cuda:{local_rank}"
-                torch.cuda.set_device(args.device)
-            dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-        device = resolve_device(args.device)
-        dtype = resolve_dtype(args.dtype, device)
-        CpuThreads(args.threads, device)  # on CPU: as many threads as other processes leave cores free
-        check_batch_size(args.batch_size)  # before the data and the model are loaded
 
-        if args.data_file:
-            data_file = Path(args.data_file)
-        else:  # rank 0 downloads, the others wait and read its copy
-            failure = None
-            if rank == 0:
-                try:
-                    data_file = download_hellaswag(args.cache_dir)
-                except HellaSwagError as e:  # reach the barrier anyway, so no rank hangs
-                    failure = e
-            if distributed:
-                torch.distributed.barrier()
-            if failure is not None:
-                raise failure
-            if rank != 0:
-                data_file = download_hellaswag(args.cache_dir)
-        examples = load_examples(data_file, args.limit)
-        model, tokenizer, info = load_model_and_tokenizer(args.init_from, args.out_dir, device)
-        if rank == 0:
-            print(f"HellaSwag: {len(examples)} examples from {data_file}; {info['attention']} attention, "
-                  f"{info['tokenizer']} tokenizer, block_size {model.config.block_size}, {device}, {dtype}"
-                  + (f", {world_size} ranks" if distributed else ""), file=sys.stderr)
-            if tokenizer.kind == "char":
-                print("note: a character-level model: HellaSwag is scored, but the numbers mean little", file=sys.stderr)
-        t0 = time.time()
-        results = evaluate(model, examples, tokenizer, device, batch_size=args.batch_size, dtype=dtype,
-                           rank=rank, world_size=world_size, progress=not args.no_progress and rank == 0)
-        seconds = time.time() - t0
-    except (HellaSwagError, CheckpointError, TokenizerUnavailableError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except (RuntimeError, ValueError) as e:  # pretrained weights unreachable, bad arguments
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if distributed and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+def join_ranks(device):
+    """Under torchrun: join the process group, each rank on its own GPU when the device is CUDA.
+    Returns (rank, world_size, device)."""
+    import torch.distributed as dist
 
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = resolve_device(device).startswith("cuda")
+    if use_cuda:
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return rank, world_size, device
+
+
+def find_data_file(data_file, cache_dir, rank=0, launched=False):
+    """data_file if given, else the official file in cache_dir: rank 0 downloads it while the other
+    ranks wait, then they read its copy."""
+    if data_file:
+        return Path(data_file)
+    failure = None
+    if rank == 0:
+        try:
+            path = download_hellaswag(cache_dir)
+        except HellaSwagError as e:  # reach the barrier anyway, so no rank hangs
+            failure = e
+    if launched:
+        torch.distributed.barrier()
+    if failure is not None:
+        raise failure
+    return path if rank == 0 else download_hellaswag(cache_dir)
+
+
+def run_evaluation(args, output, launched):
+    """Everything main does on every rank before reporting: the results with their "settings" on
+    rank 0, None on the others. What can be checked quickly is checked before anything slow starts."""
+    if int(os.environ.get("RANK", "0")) == 0:  # the rank that writes the results
+        check_writable(output)
+    rank, world_size, device = join_ranks(args.device) if launched else (0, 1, args.device)
+    device, dtype = resolve_device_and_dtype(device, args.dtype)
+    CpuThreads(args.threads, device)  # on CPU: as many threads as other processes leave cores free
+    check_batch_size(args.batch_size)  # before the data and the model are loaded
+    data_file = find_data_file(args.data_file, args.cache_dir, rank, launched)
+    examples = load_examples(data_file, args.limit)
+    model, tokenizer, info = load_model_and_tokenizer(args.init_from, args.out_dir, device)
+    if rank == 0:
+        print(f"HellaSwag: {len(examples)} examples from {data_file}; {info['attention']} attention, "
+              f"{info['tokenizer']} tokenizer, block_size {model.config.block_size}, {device}, {dtype}"
+              + (f", {world_size} ranks" if launched else ""), file=sys.stderr)
+        if tokenizer.kind == "char":
+            print("note: a character-level model: HellaSwag is scored, but the numbers mean little", file=sys.stderr)
+    t0 = time.time()
+    results = evaluate(model, examples, tokenizer, device, batch_size=args.batch_size, dtype=dtype,
+                       rank=rank, world_size=world_size, progress=not args.no_progress and rank == 0)
     if rank != 0:
-        return 0
+        return None
     results["settings"] = {
         **info, "data_file": str(data_file), "limit": args.limit, "batch_size": args.batch_size,
-        "device": device, "dtype": dtype, "world_size": world_size, "seconds": round(seconds, 2),
-        "metrics": {
-            "acc": "argmax summed log-likelihood of ' ' + ending given ex['ctx'] (NanoGPT-family text)",
-            "acc_norm": "argmax mean log-likelihood per ending token, same text (build-nanogpt's acc_norm)",
-            "acc_char_norm": "argmax summed log-likelihood / len(preprocessed ending), lm-evaluation-harness text and normalisation (its acc_norm)",
-            "acc_harness": "argmax summed log-likelihood, lm-evaluation-harness text (its acc)",
-        },
+        "device": device, "dtype": dtype, "world_size": world_size, "seconds": round(time.time() - t0, 2),
+        "metrics": dict(METRIC_DESCRIPTIONS),
     }
+    return results
+
+
+def _failed(error):
+    """Print the error as one line, without a traceback; 1, the exit status of a failed run."""
+    print(f"error: {error}", file=sys.stderr)
+    return 1
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    output = Path(args.output) if args.output else _default_output(args)
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # by torchrun, with more than one process
+    # every error meant for the user is a RuntimeError or a ValueError: HellaSwagError, CheckpointError,
+    # TokenizerUnavailableError, pretrained weights unreachable, bad arguments
+    try:
+        results = run_evaluation(args, output, launched)
+    except (RuntimeError, ValueError) as e:
+        return _failed(e)
+    finally:
+        if launched and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    if results is None:  # a rank other than 0: rank 0 reports for all
+        return 0
     try:
         report(results, output)
     except HellaSwagError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return _failed(e)
     return 0
 
 

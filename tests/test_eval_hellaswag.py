@@ -67,10 +67,12 @@ class StubLM(torch.nn.Module):
         self.config = SimpleNamespace(block_size=block_size)
         self.tokenizer = tokenizer
         self.calls = []
+        self.training_at_calls = []
 
     def forward(self, idx, all_logits=False):
         assert all_logits
         self.calls.append(tuple(idx.shape))
+        self.training_at_calls.append(self.training)
         V = self.tokenizer.vocab_size
         probs = torch.full((V,), math.exp(CONTEXT_LOGPROB), dtype=torch.float64)
         for piece, lp in LOGPROB.items():
@@ -133,6 +135,16 @@ def test_scores_are_the_summed_logprobs_set_by_hand(hellaswag_file):
     assert detail["harness_logprob_sum"] == pytest.approx([-2.0, -3.0, -3.6, -5.0], abs=1e-5)
     assert detail["n_tokens"] == [1, 1, 4, 1]
     assert detail["char_lengths"] == [1, 10, 7, 1]  # the preprocessed ending, its leading space not counted
+
+
+def test_evaluate_scores_in_eval_mode_and_leaves_the_mode_it_found(hellaswag_file):
+    tok = WordTokenizer()
+    model = StubLM(tok)
+    for training in (True, False):
+        model.train(training)
+        eh.evaluate(model, eh.load_examples(hellaswag_file, limit=2), tok, "cpu")
+        assert model.training == training
+    assert model.training_at_calls == [False] * 4
 
 
 def test_harness_preprocessing():
@@ -202,6 +214,22 @@ def test_long_context_is_cut_from_the_left():
     # an ending longer than the block: only its last block_size tokens are scored
     [(_, n)] = eh.continuation_logprobs(model, [(context, tok.encode(" " + "y" * 20))])
     assert n == 16
+
+
+def test_endings_longer_than_the_block_are_counted_per_example():
+    model = tiny_gpt("standard", block_size=16)
+    tok = CharTokenizer(CHARS)
+    # " " + ending is 21, 2, 17 and 16 tokens: the first and third exceed block_size, in both texts
+    long, short = example(["a" * 20, "b", "c" * 16, "d" * 15], 0), example(["a", "b", "c", "d"], 1)
+    scored = eh.score_batch(model, [long, short], tok, True, "cpu", "float32")
+    assert [truncated for _, truncated in scored] == [4, 0]
+    for ex, (result, _) in zip([long, short], scored):  # one padded forward for both, as each alone
+        [(alone, _)] = eh.score_batch(model, [ex], tok, True, "cpu", "float32")
+        assert result["logprob_sum"] == pytest.approx(alone["logprob_sum"], abs=1e-5)
+        assert result["harness_logprob_sum"] == pytest.approx(alone["harness_logprob_sum"], abs=1e-5)
+    [(_, truncated)] = eh.score_batch(model, [minimal(long)], tok, False, "cpu", "float32")
+    assert truncated == 2  # the raw text only
+    assert eh.evaluate(model, [long, short, long], tok, batch_size=2)["n_endings_truncated"] == 8
 
 
 # -----------------------------------------------------------------------------
@@ -338,12 +366,15 @@ def test_hellaswag_during_training(tmp_path, hellaswag_file):
     assert all(r["n"] == 3 and {"acc", "acc_norm", "acc_char_norm"} <= r.keys() for r in hellaswag)
 
 
-@pytest.mark.parametrize("attention", VARIANTS)
-def test_every_variant_from_a_checkpoint(tmp_path, hellaswag_file, attention):
-    model = tiny_gpt(attention)
+def save_char_checkpoint(model, folder):
     save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(), "iter_num": 0,
                      "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS,
-                              "tokens": {"train": 1, "val": 1}}}, tmp_path / "ckpt.pt")
+                              "tokens": {"train": 1, "val": 1}}}, folder / "ckpt.pt")
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_every_variant_from_a_checkpoint(tmp_path, hellaswag_file, attention):
+    save_char_checkpoint(tiny_gpt(attention), tmp_path)
     output = tmp_path / "r.json"
     assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--output", str(output),
                     "--no_progress", "--limit", "2"]) == 0
@@ -361,12 +392,6 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path, hellaswag_file, capsys
     proc = subprocess.run([sys.executable, str(REPO / "eval_hellaswag.py"), "--out_dir", str(tmp_path / "nothing"),
                            "--data_file", str(hellaswag_file)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 1 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
-
-
-def save_char_checkpoint(model, folder):
-    save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(), "iter_num": 0,
-                     "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS,
-                              "tokens": {"train": 1, "val": 1}}}, folder / "ckpt.pt")
 
 
 @pytest.mark.parametrize("where", ["under_a_file", "a_folder"])
@@ -400,10 +425,7 @@ def test_a_failed_write_keeps_the_printed_results(tmp_path, hellaswag_file, caps
 
 @pytest.mark.slow
 def test_ddp_splits_examples_and_sums_counts(tmp_path, hellaswag_file):
-    model = tiny_gpt("optimized")
-    save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(),
-                     "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS,
-                              "tokens": {"train": 1, "val": 1}}}, tmp_path / "ckpt.pt")
+    save_char_checkpoint(tiny_gpt("optimized"), tmp_path)
     single = tmp_path / "single.json"
     assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--output", str(single),
                     "--no_progress"]) == 0
