@@ -589,17 +589,18 @@ def plot_losses(plt, logs, path):
     for i, (variant, log) in enumerate(logs.items()):
         color = f"C{i}"
         train_steps = [e for e in log if e.get("type") == "train"]
-        evals = [e for e in log if e.get("type") == "eval"]
+        # not the evaluation at initialisation (~ln(vocab)): a run evaluated only there and at its end
+        # would draw a straight line between the two, which no run followed
+        evals = [e for e in log if e.get("type") == "eval" and e["iter"] > 0]
         for ax, x in zip(axes, ("iter", "elapsed_s")):
             ax.plot([e[x] for e in train_steps], [e["loss"] for e in train_steps], color=color, alpha=0.25, lw=0.8)
             ax.plot([e[x] for e in evals], [e["val_loss"] for e in evals], color=color, marker="o", ms=3,
                     label=f"{variant} val")
-            ax.plot([e[x] for e in evals], [e["train_loss"] for e in evals], color=color, ls="--", lw=1,
+            ax.plot([e[x] for e in evals], [e["train_loss"] for e in evals], color=color, ls="--", lw=1, marker="x", ms=3,
                     label=f"{variant} train (eval)")
-    # the first evaluation (at initialisation, ~ln(vocab)) would squash the curves that matter
-    later_val = [e["val_loss"] for log in logs.values() for e in log if e.get("type") == "eval" and e["iter"] > 0]
-    if later_val:
-        axes[0].set_ylim(top=max(later_val) + 0.25 * (max(later_val) - min(later_val)) + 0.05)
+    top = loss_axis_top(logs)
+    if top is not None:
+        axes[0].set_ylim(top=top)
     axes[0].set_xlabel("iteration")
     axes[1].set_xlabel("wall-clock seconds")
     axes[0].set_ylabel("loss")
@@ -610,6 +611,22 @@ def plot_losses(plt, logs, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def loss_axis_top(logs):
+    """The top of the loss axis: above every loss after the first tenth of each run, where the losses
+    near initialisation would squash the curves that matter."""
+    later = []
+    for log in logs.values():
+        last_iter = max((e["iter"] for e in log if "iter" in e), default=0)
+        for e in log:
+            if e.get("type") == "train" and e["iter"] >= last_iter / 10:
+                later.append(e["loss"])
+            elif e.get("type") == "eval" and e["iter"] > 0:
+                later.append(e["val_loss"])
+    if not later:
+        return None
+    return max(later) + 0.05 * (max(later) - min(later)) + 0.02
 
 
 def label_log_axis(ax):

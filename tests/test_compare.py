@@ -6,12 +6,12 @@ import math
 import os
 import signal
 import subprocess
-import sys
-
 import shlex
+import sys
 
 import numpy as np
 import pytest
+
 import compare
 import configurator
 import frontier
@@ -368,3 +368,12 @@ def test_an_interrupted_sweep_finishes_on_rerun_without_repeating_a_run(tiny_run
     results = json.loads((out_dir / "results.json").read_text())
     resumed = next(r for r in results["runs"] if r["size"] == runs[1]["size"] and r["attention"] == runs[1]["variant"])
     assert resumed["wall_time_s"] > interrupted["wall_time_s"]  # both segments counted
+
+
+def test_loss_axis_leaves_out_only_the_start_of_each_run():
+    # a run logged every 100 iterations and evaluated at 0 and at its end, as the compute-matched study is
+    train = [{"type": "train", "iter": i, "loss": 4.5 - i / 400} for i in range(0, 801, 100)]
+    evals = [{"type": "eval", "iter": 0, "val_loss": 4.6}, {"type": "eval", "iter": 800, "val_loss": 2.6}]
+    top = frontier.loss_axis_top({"standard": train + evals})
+    assert 4.25 <= top < 4.5  # the loss at iteration 100 shows; the first tenth's 4.5 and 4.6 do not
+    assert frontier.loss_axis_top({"standard": []}) is None
