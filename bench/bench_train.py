@@ -1,0 +1,251 @@
+"""
+Training throughput of any config through the real train.py, on random tokens: tokens/s, MFU, peak
+memory, and the GPU-days a token budget (default: the paper's 30B C4 tokens) would take at that speed,
+for each config and each way of running it.
+
+    python bench/bench_train.py                               # the two 1B configs, plain and FSDP, on the GPU
+    python bench/bench_train.py config/train_gpt2.py --parallelisms=plain --batch_size=8
+    python bench/bench_train.py --smoke --iters=4 --warmup_steps=1  # a tiny model: a smoke run on a CPU
+
+Each (config, parallelism) is one train.py process: 'plain' is `python train.py CONFIG`, 'fsdp' is
+`python train.py --standalone --nproc_per_node=1 CONFIG --parallelism=fsdp` (train.py's own torchrun
+launcher, one process; FSDP2 shards over that one process, so this measures its overhead and its
+memory, not any communication), 'ddp' the same launcher with the DDP wrapper. Every run trains
+--iters iterations, logs each one, and evaluates on one batch only; tokens/s is the mean over the
+iterations after the first --warmup_steps (which pay for torch.compile), MFU is what train.py logs
+(the model's own FLOP count over the GPU's dense bf16 peak, runtime.py; '-' where it logs none, as
+on a CPU), at that mean step time. A run that fails (e.g. out of GPU memory) gets its last error
+line in its row, and the next run goes on.
+
+--gradient_accumulation_steps is 1 by default: an iteration is then one micro-batch and one AdamW
+step, so the optimizer's cost weighs more per token than in the configs' own runs (64 micro-batches
+per step): tokens/s here is a slight underestimate of theirs, and raising it comes closer at the
+price of a longer run. Anything else written --key=value (e.g. --batch_size=2 for a run that does
+not fit) goes to every train.py run, after the config.
+
+The data is a temporary folder of random GPT-2-range token ids. The learning rate is 0: AdamW does
+all its arithmetic as with any other rate, so a step costs the same, but the weights do not move, the
+final evaluation equals the first rather than improving on it, and no checkpoint is written (a 1B
+model's, with its AdamW state, is ~15 GB; it would be removed at once if one were).
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the repo's modules, from bench/
+from checkpoint import LOG_NAME, SUMMARY_NAME
+from configurator import ConfigError, get_config, resolve_config
+from tokenizer import GPT2_VOCAB_SIZE, write_meta, write_tokens_atomically
+
+DEFAULT_CONFIGS = ["config/train_llama1b_efficient_c4.py", "config/train_tinyllama_standard_c4.py"]
+LAUNCHED = ["--standalone", "--nproc_per_node=1"]  # train.py's own torchrun, one process
+# each way of running: (launcher options, which go before the config; settings, which go after it)
+PARALLELISMS = {"plain": ([], []), "ddp": (LAUNCHED, ["--parallelism=ddp"]), "fsdp": (LAUNCHED, ["--parallelism=fsdp"])}
+# the model shrunk to run in seconds on a CPU (n_embd 64: TinyLlama's 32 heads keep an even d_k for RoPE)
+SMOKE = ["--n_layer=1", "--n_embd=64", "--intermediate_size=128", "--block_size=32", "--batch_size=2",
+         "--compile=False"]
+OWN_KEYS = ("out_dir", "data_dir", "max_iters", "init_from", "parallelism", "learning_rate", "min_lr")  # set here
+SECONDS_PER_DAY = 86400
+ERROR_LINE = re.compile(r"^(?:\[[^\]]*\]:\s*)?((?:[\w.]+(?:Error|Exception)|error): .*)$")
+
+
+def header(script, argv):
+    """A benchmark's first lines: the accelerator (or the CPU), torch, and the command."""
+    if torch.cuda.is_available():
+        where = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
+    else:
+        where = f"{cpu_model()}, {os.cpu_count()} cores, no CUDA"
+    return f"# {where}; torch {torch.__version__}\n# command: python bench/{script} {shlex.join(argv)}"
+
+
+def cpu_model():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+# -----------------------------------------------------------------------------
+# the runs
+
+def write_random_data(folder, block_size, seed=0):
+    """train.bin and val.bin of random GPT-2 token ids, enough windows of block_size, and meta.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = np.random.default_rng(seed).integers(0, GPT2_VOCAB_SIZE, 65 * (block_size + 1))
+    split = 64 * (block_size + 1)  # evaluation reads one batch of val
+    write_tokens_atomically(folder / "train.bin", ids[:split])
+    write_tokens_atomically(folder / "val.bin", ids[split:])
+    write_meta(folder, {"tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE,
+                        "tokens": {"train": split, "val": len(ids) - split}})
+
+
+def train_command(config, parallelism, out_dir, data_dir, args):
+    """The train.py command line of one run: the config, then the bench's settings, then the user's."""
+    bench = [f"--out_dir={out_dir}", f"--data_dir={data_dir}", f"--max_iters={args.iters}",
+             f"--eval_interval={args.iters}", "--eval_iters=1", "--always_save_checkpoint=False",
+             "--log_interval=1", "--hellaswag_interval=0", "--wandb_log=False", "--learning_rate=0.0", "--min_lr=0.0",
+             f"--gradient_accumulation_steps={args.gradient_accumulation_steps}"]
+    launcher, settings = PARALLELISMS[parallelism]
+    return [sys.executable, str(REPO / "train.py"), *launcher, config, *settings, *bench, *args.overrides]
+
+
+def run_train(command, log_path, timeout):
+    """Run one train.py to its end (or kill its whole process group after `timeout` seconds);
+    its output goes to log_path. Returns None on success, else the reason as one line."""
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the launcher and its training process
+            process.wait()
+            return f"timed out after {timeout} s"
+    return None if code == 0 else f"exit code {code}: {last_error_line(log_path)}"
+
+
+def last_error_line(log_path):
+    """The most telling line of a failed run's output: its last exception or 'error:' line (without a
+    "[rank0]:" prefix) other than the launcher's "a training process failed", else its last line."""
+    lines = [line.strip() for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()]
+    matches = [m.group(1) for m in map(ERROR_LINE.match, lines) if m]
+    errors = [line for line in matches if "a training process failed" not in line]
+    return (errors or lines or ["(no output)"])[-1]
+
+
+def measure(out_dir, warmup_steps):
+    """(tokens/s, MFU or None) over the logged iterations after the first warmup_steps, and the summary."""
+    summary = json.loads((out_dir / SUMMARY_NAME).read_text())
+    records = [json.loads(line) for line in (out_dir / LOG_NAME).read_text().splitlines()]
+    timed = [r for r in records if r["type"] == "train" and r["iter"] > warmup_steps]
+    mean_s = sum(r["ms_per_iter"] for r in timed) / len(timed) / 1000
+    # train.py logs each step's MFU at that step's time; MFU x time is the same for every step
+    last = timed[-1]
+    mfu = None if last["mfu"] is None else last["mfu"] * last["ms_per_iter"] / 1000 / mean_s
+    return summary["tokens_per_iter"] / mean_s, mfu, summary
+
+
+def bench_one(config, parallelism, scratch, args):
+    """One table row (a dict) for one config run one way."""
+    name = f"{Path(config).stem}-{parallelism}"
+    out_dir = scratch / name
+    command = train_command(config, parallelism, out_dir, scratch / "data", args)
+    print(f"\n$ {shlex.join(command)}", flush=True)
+    resolved = args.resolved[config]
+    row = {"config": config, "parallelism": parallelism,
+           "shape": f"{resolved['batch_size']} x {resolved['block_size']}"}
+    row["error"] = run_train(command, scratch / f"{name}.log", args.timeout)
+    if row["error"] is None:
+        row["tokens_per_s"], row["mfu"], summary = measure(out_dir, args.warmup_steps)
+        row.update(params=summary["n_params"], peak_memory=summary["peak_memory_bytes"],
+                   wall_s=summary["wall_time_s"], world_size=summary["world_size"])
+    remove_checkpoints(out_dir)
+    print(table_row(row, args.budget_tokens), flush=True)  # now, in case a later run outlives its job
+    return row
+
+
+def remove_checkpoints(out_dir):
+    """None is expected (see the docstring), but one of a 1B model would fill the disk before later runs."""
+    (out_dir / "ckpt.pt").unlink(missing_ok=True)
+    shutil.rmtree(out_dir / "ckpt_sharded", ignore_errors=True)
+
+
+# -----------------------------------------------------------------------------
+# the table
+
+def table_header(args):
+    device_days = "GPU-days" if torch.cuda.is_available() else "device-days"
+    return (f"| config | parallelism | params | micro-batch x context | tokens/s | MFU | peak memory GiB "
+            f"| {device_days} for {args.budget_tokens:.3g} tokens | wall s | note |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+
+
+def table_row(row, budget_tokens):
+    if row["error"]:
+        note = row["error"].replace("|", "\\|")[:300]
+        return f"| {row['config']} | {row['parallelism']} | - | {row['shape']} | - | - | - | - | - | failed: {note} |"
+    days = budget_tokens / (row["tokens_per_s"] / row["world_size"]) / SECONDS_PER_DAY
+    mfu = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
+    return (f"| {row['config']} | {row['parallelism']} | {row['params']:,} | {row['shape']} "
+            f"| {row['tokens_per_s']:,.0f} | {mfu} | {row['peak_memory'] / 2**30:.2f} | {days:,.1f} "
+            f"| {row['wall_s']:.0f} | |")
+
+
+# -----------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("configs", nargs="*", default=DEFAULT_CONFIGS, help="train.py config files")
+    parser.add_argument("--parallelisms", default="plain,fsdp", help=f"comma-separated among {', '.join(PARALLELISMS)}")
+    parser.add_argument("--iters", type=int, default=30, help="training iterations per run")
+    parser.add_argument("--warmup_steps", type=int, default=5, help="first iterations left out of tokens/s (compile)")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per iteration")
+    parser.add_argument("--budget_tokens", type=float, default=30e9, help="tokens of the GPU-days column")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds before a run is stopped and reported")
+    parser.add_argument("--smoke", action="store_true", help="shrink the model to run in seconds on a CPU: "
+                        + " ".join(SMOKE))
+    parser.add_argument("--work_dir", default="", help="keep the data, each run's output and logs here "
+                        "(default: a temporary folder, removed at the end)")
+    args, overrides = parser.parse_known_args(argv)
+    args.parallelisms = [p.strip() for p in args.parallelisms.split(",") if p.strip()]
+    if not args.parallelisms or set(args.parallelisms) - set(PARALLELISMS):
+        parser.error(f"--parallelisms={','.join(args.parallelisms)}: choose among {', '.join(PARALLELISMS)}")
+    if not 0 <= args.warmup_steps < args.iters or args.gradient_accumulation_steps < 1:
+        parser.error("need 0 <= --warmup_steps < --iters and --gradient_accumulation_steps >= 1")
+    for override in overrides:
+        key = override[2:].split("=", 1)[0]
+        if not override.startswith("--") or "=" not in override or key in OWN_KEYS:
+            parser.error(f"{override!r}: pass train.py settings as --key=value, other than {', '.join(OWN_KEYS)}")
+    args.overrides = (SMOKE if args.smoke else []) + overrides
+    args.resolved = {config: resolved(parser, config, args.overrides) for config in args.configs}
+    return args
+
+
+def resolved(parser, config, overrides):
+    """The config as train.py will see it (batch and context for the table), checked before anything runs."""
+    try:
+        return resolve_config(get_config([config, *overrides]))
+    except ConfigError as e:
+        parser.error(str(e))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    print(header("bench_train.py", argv))
+    print(f"# {args.iters} iterations per run of {args.gradient_accumulation_steps} micro-batch(es); tokens/s and "
+          f"MFU over iterations {args.warmup_steps + 1}-{args.iters} (the first {args.warmup_steps} pay for "
+          f"compilation)", flush=True)
+    scratch = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_train-")).resolve()
+    try:
+        write_random_data(scratch / "data", max(c["block_size"] for c in args.resolved.values()))
+        rows = [bench_one(config, p, scratch, args) for config in args.configs for p in args.parallelisms]
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(scratch, ignore_errors=True)
+    print("\n" + table_header(args))  # the rows again, together
+    for row in rows:
+        print(table_row(row, args.budget_tokens))
+    return 1 if any(row["error"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

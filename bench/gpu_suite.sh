@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# Every GPU figure docs/gpu.md promises, in stages that each fit one short job on one GPU:
+#
+#   bench/gpu_suite.sh [--log_dir=DIR] STAGE [STAGE ...]      # or: LOG_DIR=DIR bench/gpu_suite.sh STAGE
+#
+# Stages (docs/gpu.md, "Benchmarks on a GPU", says what each measures and how long it is expected to take):
+#   tests                the CUDA tests, tests/test_gpu.py (on a CPU too: they skip, saying why)
+#   sample               batch-1 sampling at 124M: no cache, KV cache, compiled (CUDA graphs)
+#   step, step_large     the compiled bf16 train step of the four variants at 124M, batch 12,16 / 24,32,
+#                        against NanoGPT's model.py when NANOGPT_DIR is set
+#   step_eager           the same without torch.compile, batch 12
+#   shakespeare_a, _b    compare.py on config/train_shakespeare_char.py: standard and optimized, then
+#                        efficient and super (and the table of all four once both halves are done)
+#   nanogpt_shakespeare  NanoGPT's own train.py on its config/train_shakespeare_char.py: best val loss, wall time
+#   llama, tinyllama     bench/bench_train.py on the 1B configs, plain and FSDP in one process
+#                        (llama: config/train_llama1b_efficient_c4.py and the attention-kernel comparison;
+#                        tinyllama: config/train_tinyllama_standard_c4.py)
+#   resume               torchrun --nproc_per_node=1 runs (DDP over NCCL, then FSDP) resumed with more iterations
+#   all                  every stage above, in that order
+#
+# Each stage writes its whole output to LOG_DIR/<stage>.log (default ./gpu-logs), after the machine
+# (nvidia-smi, torch, CUDA) and before each command the command itself. A stage stops at its first
+# failing command; the stages after it still run, and the suite exits 1 naming the ones that failed.
+# What every requested stage needs is checked before any runs. What the stages read:
+#   SHAKESPEARE_TXT   Tiny Shakespeare as a text file (shakespeare_a, shakespeare_b, nanogpt_shakespeare)
+#   NANOGPT_DIR       a checkout of https://github.com/karpathy/nanoGPT (nanogpt_shakespeare; step and
+#                     step_large add its model.py as a row when set)
+# No stage reads the GPT-2 BPE: the 1B benchmarks train on random token ids, the rest on characters.
+set -euo pipefail
+
+STAGES=(tests sample step step_large step_eager shakespeare_a shakespeare_b nanogpt_shakespeare llama tinyllama resume)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SHAKESPEARE_OUT=out-compare-shakespeare-gpu  # compare.py's folder for both halves (out*/ is git-ignored)
+RESUME_WORK=out-gpu-suite/resume
+RUN_TIMEOUT=${RUN_TIMEOUT:-300}  # seconds for each bench_train.py run before it is stopped and reported
+export PYTHONUNBUFFERED=1
+
+die() {
+  echo "gpu_suite.sh: $*" >&2
+  exit 1
+}
+
+# print the exact command, then run it
+run() {
+  printf '$'
+  printf ' %q' "$@"
+  printf '\n'
+  "$@"
+}
+
+# -----------------------------------------------------------------------------
+# what a stage needs, checked for every requested stage before any runs
+
+CUDA_FOUND=""  # asked once: each ask imports torch
+need_cuda() {
+  if [[ -z $CUDA_FOUND ]]; then
+    CUDA_FOUND=$(python -c 'import torch; print("yes" if torch.cuda.is_available() else "no")')
+  fi
+  [[ $CUDA_FOUND == yes ]] || die "$1: needs a CUDA GPU (torch.cuda.is_available() is False here)"
+}
+
+need_shakespeare() {
+  [[ -n ${SHAKESPEARE_TXT:-} ]] || die "$1: set SHAKESPEARE_TXT to the Tiny Shakespeare text file"
+  [[ -f $SHAKESPEARE_TXT ]] || die "$1: SHAKESPEARE_TXT=$SHAKESPEARE_TXT is not a file"
+}
+
+need_nanogpt() {
+  [[ -n ${NANOGPT_DIR:-} ]] || die "$1: set NANOGPT_DIR to a checkout of https://github.com/karpathy/nanoGPT"
+  [[ -f $NANOGPT_DIR/train.py && -f $NANOGPT_DIR/data/shakespeare_char/prepare.py ]] \
+    || die "$1: NANOGPT_DIR=$NANOGPT_DIR holds no NanoGPT checkout (train.py, data/shakespeare_char/prepare.py)"
+}
+
+preflight() {
+  local stage=$1
+  case $stage in
+    tests) ;;
+    shakespeare_a | shakespeare_b) need_cuda "$stage" && need_shakespeare "$stage" ;;
+    nanogpt_shakespeare) need_cuda "$stage" && need_shakespeare "$stage" && need_nanogpt "$stage" ;;
+    resume) need_cuda "$stage" && { command -v torchrun >/dev/null || die "$stage: torchrun is not on PATH"; } ;;
+    *) need_cuda "$stage" ;;
+  esac
+}
+
+describe_machine() {
+  local commit
+  commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')
+  echo "# stage $1, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $commit"
+  if command -v nvidia-smi >/dev/null; then nvidia-smi; else echo "(no nvidia-smi on PATH)"; fi
+  python -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+             f"cuDNN {torch.backends.cudnn.version()}, "
+             f"GPU: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}")'
+}
+
+# -----------------------------------------------------------------------------
+# the stages
+
+stage_tests() {
+  # includes a torchrun --nproc_per_node=1 NCCL run that resumes to an uninterrupted run's parameters
+  run python -m pytest -q -rs tests/test_gpu.py
+}
+
+stage_sample() {
+  run python bench/bench_sample.py --device=cuda --compile --sizes 124M --repeats 3
+}
+
+train_step_bench() {
+  local nanogpt=()
+  if [[ -n ${NANOGPT_DIR:-} ]]; then
+    nanogpt=(--nanogpt_dir="$NANOGPT_DIR")
+  else
+    echo "NANOGPT_DIR is not set: no NanoGPT row"
+  fi
+  run python bench/bench_model.py --device=cuda --compile --optimizer --shapes=gpt2 --vocab_size=50304 \
+    --batch_sizes="$1" --repeats=30 "${nanogpt[@]}"
+}
+
+stage_step() { train_step_bench 12,16; }
+stage_step_large() { train_step_bench 24,32; }
+
+stage_step_eager() {
+  run python bench/bench_model.py --device=cuda --optimizer --shapes=gpt2 --vocab_size=50304 \
+    --batch_sizes=12 --repeats=30
+}
+
+compare_shakespeare() {
+  run python prepare_char.py --input="$SHAKESPEARE_TXT"
+  run python compare.py config/train_shakespeare_char.py --out_dir="$SHAKESPEARE_OUT" --variants="$1"
+}
+
+stage_shakespeare_a() { compare_shakespeare standard,optimized; }
+
+stage_shakespeare_b() {
+  compare_shakespeare efficient,super
+  if [[ -f $SHAKESPEARE_OUT/standard-seed0/summary.json && -f $SHAKESPEARE_OUT/optimized-seed0/summary.json ]]; then
+    # every run is finished: compare.py skips them all and writes the one table of the four
+    run python compare.py config/train_shakespeare_char.py --out_dir="$SHAKESPEARE_OUT"
+  else
+    echo "shakespeare_a has not finished: run it, then this stage again for the table of all four"
+  fi
+}
+
+stage_nanogpt_shakespeare() {
+  echo "NanoGPT at $(git -C "$NANOGPT_DIR" rev-parse --short HEAD 2>/dev/null || echo '(not a git checkout)')"
+  # NanoGPT's prepare.py downloads input.txt unless it is there
+  run cp "$SHAKESPEARE_TXT" "$NANOGPT_DIR/data/shakespeare_char/input.txt"
+  local output
+  output=$(mktemp)
+  (
+    cd "$NANOGPT_DIR"
+    run python data/shakespeare_char/prepare.py
+    SECONDS=0
+    run python train.py config/train_shakespeare_char.py | tee "$output"
+    echo "NanoGPT wall time: ${SECONDS} s (train.py, compilation included)"
+  )
+  echo "NanoGPT best val loss: $(grep -o 'val loss [0-9.]*' "$output" | awk '{print $3}' | sort -g | head -n 1)"
+  rm -f "$output"
+}
+
+train_throughput() {
+  run python bench/bench_train.py "$1" --parallelisms=plain,fsdp --timeout="$RUN_TIMEOUT"
+}
+
+stage_llama() {
+  run python bench/bench_attention_kernels.py --device=cuda
+  train_throughput config/train_llama1b_efficient_c4.py
+}
+
+stage_tinyllama() { train_throughput config/train_tinyllama_standard_c4.py; }
+
+# one torchrun process trains to max_iters; the same command with init_from=resume and more iterations
+# must continue from the saved iteration and finish
+resume_once() {
+  local parallelism=$1 out=$RESUME_WORK/$1
+  local train=(torchrun --standalone --nproc_per_node=1 train.py config/quickstart.py --data_dir="$RESUME_WORK/data"
+    --out_dir="$out" --parallelism="$parallelism" --device=cuda --compile=True)
+  rm -rf "$out"
+  run "${train[@]}" --max_iters=200
+  run "${train[@]}" --max_iters=400 --init_from=resume | tee "$out.resume.out"
+  grep -q "resuming from .* at iteration 200 " "$out.resume.out" \
+    || die "resume ($parallelism): the resumed run did not say it continued from iteration 200"
+  python -c 'import json, sys; s = json.load(open(sys.argv[1]))
+sys.exit(s["iterations"] != 400 or s["iterations_this_run"] != 200)' "$out/summary.json" \
+    || die "resume ($parallelism): its summary.json does not show iterations 201-400 trained by the resumed run"
+  echo "resume ($parallelism): continued from iteration 200 and finished at 400"
+}
+
+stage_resume() {
+  # that a resume equals an uninterrupted run is tests/test_gpu.py's (stage tests); this is the command line
+  run python prepare_char.py --corpus=stdlib --out_dir="$RESUME_WORK/data"
+  resume_once ddp
+  resume_once fsdp
+}
+
+# -----------------------------------------------------------------------------
+
+# one stage, its output also in LOG_DIR/<stage>.log; it stops at its first failing command
+run_stage() {
+  local stage=$1
+  echo "== $stage: $LOG_DIR/$stage.log"
+  {
+    describe_machine "$stage"
+    "stage_$stage"
+  } 2>&1 | tee "$LOG_DIR/$stage.log"
+}
+
+# every stage, also after one fails (a stage run where errexit is off, in an `if` or `||`, would not stop
+# at its failing command, so each runs in a subshell that turns errexit back on); 1 if any failed
+run_stages() {
+  local stage failed=()
+  for stage in "$@"; do
+    set +e
+    (
+      set -e
+      run_stage "$stage"
+    )
+    (($? == 0)) || failed+=("$stage")
+    set -e
+  done
+  ((${#failed[@]} == 0)) || die "failed: ${failed[*]} (their logs are in $LOG_DIR)"
+}
+
+main() {
+  local log_dir=${LOG_DIR:-gpu-logs} stages=() arg stage
+  for arg in "$@"; do
+    case $arg in
+      --log_dir=*) log_dir=${arg#--log_dir=} ;;
+      all) stages+=("${STAGES[@]}") ;;
+      *) [[ " ${STAGES[*]} " == *" $arg "* ]] || die "unknown stage '$arg'; choose among: ${STAGES[*]} all"
+         stages+=("$arg") ;;
+    esac
+  done
+  ((${#stages[@]})) || die "name a stage: ${STAGES[*]} all (usage: bench/gpu_suite.sh [--log_dir=DIR] STAGE ...)"
+  mkdir -p "$log_dir"
+  LOG_DIR=$(cd "$log_dir" && pwd)
+  # paths given relative to where the suite was started, before it moves to the repository
+  [[ -z ${SHAKESPEARE_TXT:-} ]] || SHAKESPEARE_TXT=$(realpath -m -- "$SHAKESPEARE_TXT")
+  [[ -z ${NANOGPT_DIR:-} ]] || NANOGPT_DIR=$(realpath -m -- "$NANOGPT_DIR")
+  cd "$REPO"
+  for stage in "${stages[@]}"; do
+    preflight "$stage"
+  done
+  run_stages "${stages[@]}"
+}
+
+main "$@"

@@ -1,0 +1,92 @@
+"""bench/bench_train.py and bench/bench_attention_kernels.py on CPU, at tiny sizes: the table rows
+say what the runs' own summary.json files say, a failed run is reported in its row, and the attention
+bench names the kernel torch's dispatcher chooses and compares every backend with MATH."""
+import json
+import sys
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+import bench_attention_kernels  # noqa: E402
+import bench_train  # noqa: E402
+
+CONFIG = "config/train_llama1b_efficient_c4.py"
+# the paper's 1B config shrunk (--smoke: 1 layer, d 64, block 32, batch 2, no compile), 3 iterations
+TINY_RUN = ["--smoke", "--iters=3", "--warmup_steps=1", "--num_threads=1", CONFIG]
+
+
+def bench_train_run(tmp_path, capsys, *args):
+    """(exit code, the final table's rows as lists of cells, the output) of bench_train.py, run in-process
+    (train.py runs in its own processes, as always)."""
+    code = bench_train.main([*TINY_RUN, f"--work_dir={tmp_path}", *args])
+    output = capsys.readouterr().out
+    lines = output.splitlines()
+    header = max(i for i, line in enumerate(lines) if line.startswith("| config |"))
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[header + 2:]
+            if line.startswith("|")]
+    return code, rows, output
+
+
+def number(cell):
+    return float(cell.replace(",", ""))
+
+
+@pytest.mark.slow
+def test_bench_train_rows_match_each_runs_summary(tmp_path, capsys):
+    code, rows, output = bench_train_run(tmp_path, capsys, "--parallelisms=plain,fsdp", "--budget_tokens=1e9")
+    assert code == 0, output[-3000:]
+    assert [row[:2] for row in rows] == [[CONFIG, "plain"], [CONFIG, "fsdp"]]
+    for (_, parallelism, params, shape, tokens_per_s, mfu, _, days, _, note) in rows:
+        summary = json.loads((tmp_path / f"train_llama1b_efficient_c4-{parallelism}" / "summary.json").read_text())
+        # with --warmup_steps=1 the bench times the iterations summary.json times: all but the first
+        assert number(tokens_per_s) == pytest.approx(summary["tokens_per_s"], abs=0.5)
+        assert number(params) == summary["n_params"] and shape == "2 x 32" and note == ""
+        assert number(days) == pytest.approx(1e9 / summary["tokens_per_s"] / 86400, rel=1e-3, abs=0.05)
+        assert mfu == "-"  # no peak FLOP/s on a CPU, so train.py logs no MFU
+        assert summary["world_size"] == 1 and summary["iterations"] == 3
+        assert not (tmp_path / f"train_llama1b_efficient_c4-{parallelism}" / "ckpt.pt").exists()
+
+
+def test_bench_train_reports_a_failed_run_and_exits_1(tmp_path, capsys):
+    # a vocabulary smaller than the data's token ids: train.py stops with one error line, which lands in the row
+    code, rows, output = bench_train_run(tmp_path, capsys, "--parallelisms=plain", "--vocab_size=1000")
+    assert code == 1, output[-3000:]
+    (row,) = rows
+    assert row[1] == "plain" and row[4] == "-"
+    assert row[-1].startswith("failed: exit code 1: error: vocab_size=1000 is too small for the data")
+
+
+def test_last_error_line_skips_the_launchers_summary(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("iter 1: loss 10.8\n[rank0]: Traceback (most recent call last):\n"
+                   "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+                   "error: a training process failed (rank 0 exit code 1); its messages are above\n")
+    assert bench_train.last_error_line(log) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    log.write_text("something went wrong\n\n")
+    assert bench_train.last_error_line(log) == "something went wrong"
+
+
+def test_attention_kernels_on_cpu(capsys):
+    bench_attention_kernels.main(["--device=cpu", "--seq_len=16", "--batch=2", "--shapes=1x64,4x16",
+                                  "--repeats=1", "--warmup=0"])
+    rows = [line.strip("|").split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| 1x64")
+            or line.startswith("| 4x16")]
+    by_key = {(r[0].strip(), r[1].strip()): [c.strip() for c in r] for r in rows}
+    assert len(by_key) == 2 * 5  # default and the four backends, per shape
+    q = torch.randn(2, 1, 16, 64)
+    chosen = SDPBackend(torch._fused_sdp_choice(q, q, q, is_causal=True)).name
+    assert by_key["1x64", "default"][2] == chosen  # what the profiler saw is what the dispatcher picks
+    assert by_key["1x64", "default"][4] == "1.00"  # the first shape's default is the ratios' base
+    for shape in ("1x64", "4x16"):
+        for backend in ("FLASH_ATTENTION", "MATH"):  # forced alone, each is what the profiler sees run
+            assert by_key[shape, backend][2] == backend
+        assert float(by_key[shape, "MATH"][6]) == 0.0
+        for backend in ("default", "FLASH_ATTENTION"):  # the CPU's flash kernel: the same attention as MATH
+            assert float(by_key[shape, backend][6]) < 1e-5
+        if not torch.cuda.is_available():
+            for backend in ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):  # CUDA kernels only
+                assert by_key[shape, backend][-1].startswith("not supported: ")
