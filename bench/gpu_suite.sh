@@ -18,7 +18,7 @@
 #   resume               torchrun --nproc_per_node=1 runs (DDP over NCCL, then FSDP) resumed with more iterations
 #   all                  every stage above, in that order
 #
-# Each stage writes its whole output to LOG_DIR/<stage>.log (default ./gpu-logs), after the machine
+# Each stage writes its whole output to LOG_DIR/<stage>.log (default ./out-gpu-logs), after the machine
 # (nvidia-smi, torch, CUDA) and before each command the command itself. A stage stops at its first
 # failing command; the stages after it still run, and the suite exits 1 naming the ones that failed.
 # What every requested stage needs is checked before any runs. What the stages read:
@@ -220,7 +220,7 @@ run_stages() {
 }
 
 main() {
-  local log_dir=${LOG_DIR:-gpu-logs} stages=() arg stage
+  local log_dir=${LOG_DIR:-out-gpu-logs} stages=() arg stage
   for arg in "$@"; do
     case $arg in
       --log_dir=*) log_dir=${arg#--log_dir=} ;;
