@@ -42,8 +42,9 @@ from pathlib import Path
 import torch
 import torch._dynamo  # noqa: F401  (AdamW imports it: imported here once, every forked run starts warm)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the fault helpers the tests use too
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the repo's modules, from bench/
+sys.path.insert(0, str(REPO / "tests"))  # the fault helpers the tests use too
 import distributed
 import train
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, CheckpointError, first_non_finite, load_checkpoint
@@ -52,7 +53,6 @@ from launcher import child_pids
 from model import GPT
 from prepare_char import prepare, stdlib_corpus
 
-REPO = Path(__file__).resolve().parent
 # big enough that writing ckpt.pt (weights and AdamW moments, ~40 MB) takes a while to hit
 KILL_MODEL = dict(n_layer=4, n_head=4, n_embd=256, block_size=64, batch_size=8, dropout=0.0)
 SMALL_MODEL = dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=4, dropout=0.0)
