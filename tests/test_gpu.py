@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from conftest import REPO, VARIANTS
 from model import GPT, GPTConfig
@@ -73,8 +74,13 @@ def test_compiled_decode_equals_eager_decode(attention):
     model, x = cuda_model(attention), prompt()
     steps = 2 * SHAPE["block_size"]
     eager = model.generate(x, steps, top_k=1)
+    skips, graphs = counters["inductor"]["cudagraph_skips"], counters["stats"]["unique_graphs"]
     compiled = model.generate(x, steps, top_k=1, compile=True)
     assert torch.equal(compiled, eager)
+    # the step really runs as a CUDA graph (inductor says "skipping cudagraphs" and counts it when, for
+    # example, an input it mutates has no static address), and one graph serves every step
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert counters["stats"]["unique_graphs"] - graphs <= 1
     torch.manual_seed(3)
     sampled = model.generate(x, steps, temperature=0.9, top_k=10, compile=True)  # graphs replayed, not re-made
     torch.manual_seed(3)
