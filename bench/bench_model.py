@@ -75,6 +75,7 @@ def make_step(model, batch, args):
     and AdamW; torch.compile'd like train.py with --compile."""
     T = model.config.block_size
     idx = torch.randint(0, args.vocab_size, (batch, T + 1), device=args.device)
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()  # as train.py's batches (NanoGPT's loss views them)
     device_type = torch.device(args.device).type
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type) if args.optimizer else None
     forward = torch.compile(model, dynamic=False) if args.compile else model
@@ -82,7 +83,7 @@ def make_step(model, batch, args):
 
     def step():
         with autocast:
-            _, loss = forward(idx[:, :-1], targets=idx[:, 1:])
+            _, loss = forward(x, targets=y)
         loss.backward()
         if optimizer is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

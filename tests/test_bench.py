@@ -1,8 +1,10 @@
 """bench/bench_train.py and bench/bench_attention_kernels.py on CPU, at tiny sizes: the table rows
 say what the runs' own summary.json files say, a failed run is reported in its row, and the attention
-bench names the kernel torch's dispatcher chooses and compares every backend with MATH."""
+bench names the kernel torch's dispatcher chooses and compares every backend with MATH; bench_model.py
+trains a NanoGPT-like model.py beside the four variants."""
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 import bench_attention_kernels  # noqa: E402
+import bench_model  # noqa: E402
 import bench_train  # noqa: E402
 
 CONFIG = "config/train_llama1b_efficient_c4.py"
@@ -90,3 +93,49 @@ def test_attention_kernels_on_cpu(capsys):
         if not torch.cuda.is_available():
             for backend in ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):  # CUDA kernels only
                 assert by_key[shape, backend][-1].startswith("not supported: ")
+
+
+# NanoGPT's model.py as bench_model.py meets it: its GPTConfig fields, GPT(config), configure_optimizers,
+# and a loss that views the targets (so they must be contiguous, as train.py's batches are)
+NANOGPT_LIKE = """
+from dataclasses import dataclass
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+@dataclass
+class GPTConfig:
+    block_size: int
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float
+    bias: bool
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size)
+
+    def forward(self, idx, targets=None):
+        logits = self.lm_head(self.wte(idx))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
+"""
+
+
+def test_bench_model_steps_nanogpt_and_every_variant(tmp_path):
+    (tmp_path / "model.py").write_text(NANOGPT_LIKE)
+    args = SimpleNamespace(device="cpu", dtype="float32", compile=False, optimizer=True, vocab_size=64)
+    shape = dict(n_layer=1, n_head=2, n_embd=16, block_size=8)
+    models = bench_model.build_models(shape, args, bench_model.load_nanogpt(tmp_path))
+    assert list(models) == ["nanogpt", "standard", "optimized", "efficient", "super"]
+    for name, model in models.items():
+        before = [p.detach().clone() for p in model.parameters()]
+        bench_model.make_step(model, 2, args)()  # forward, backward, clip, AdamW
+        assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters())), name
