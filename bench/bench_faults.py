@@ -261,13 +261,23 @@ def sharded_iteration(out_dir):
         return None, str(e)
 
 
+def made_since(folder, moment):
+    try:
+        return folder.stat().st_mtime >= moment  # a folder's mtime moves when an entry is added
+    except OSError:  # not there (yet, or any more)
+        return False
+
+
 def sharded_kill_once(args, out_dir, log, expected_start, target, delay):
     """Start a resumed (or first) FSDP run and SIGKILL it: `delay` s into the write of its shards
     (target None), or right after a step of the commit; return this kill's figures."""
     tmp = Path(out_dir) / (distributed.SHARDED_NAME + ".tmp")
     pid = fork_train(args, log, before=lambda: (world_of_one(), target and sigkill_after(target)))
     if target is None:
-        while not tmp.exists() and not os.waitpid(pid, os.WNOHANG)[0]:
+        # a .tmp folder left by the previous kill stays until this run's first save settles it: wait
+        # for the one this run writes, or the kill lands before the run has even resumed
+        started = time.time()
+        while not made_since(tmp, started) and not os.waitpid(pid, os.WNOHANG)[0]:
             time.sleep(0.0005)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
