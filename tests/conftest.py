@@ -1,6 +1,7 @@
 """Shared test fixtures: where the repo and the optional ../shared folder beside it live, the tiny models
 the model tests build in three shapes (GPT-2-style, Llama-style, grouped-query), and the `slow` marker."""
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -35,6 +36,8 @@ needs_bpe = pytest.mark.skipif(
     not TIKTOKEN_CACHE.is_dir() and "TIKTOKEN_CACHE_DIR" not in os.environ,
     reason="needs the GPT-2 BPE offline: ../shared/tiktoken_cache is absent and there is no network",
 )
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                    reason="torch.compile on CPU needs a C++ compiler")
 needs_shakespeare = pytest.mark.skipif(
     not SHAKESPEARE.is_file(),
     reason="needs ../shared/data/tinyshakespeare.txt (the real corpus; it is not committed)",

@@ -3,7 +3,6 @@ variants, KV-cached and compiled generation, FLOP counts and input validation. T
 every variant in three shapes (conftest.SHAPES): GPT-2-style, Llama-style, and grouped-query standard."""
 
 import math
-import shutil
 
 import pytest
 import torch
@@ -12,13 +11,10 @@ from torch._dynamo.utils import counters
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import LLAMA, SHAPES, TINY, VARIANTS, random_tokens, tiny_model
+from conftest import LLAMA, SHAPES, TINY, VARIANTS, needs_compiler, random_tokens, tiny_model
 from example_variant import TemperatureAttention
 from generate import KVCache
 from model import GPT, GPTConfig, SuperAttention, rotary_cos_sin
-
-needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                                    reason="torch.compile on CPU needs a C++ compiler")
 
 
 # ----------------------------------------------------------------------------- parameter counts

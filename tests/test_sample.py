@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, VARIANTS, needs_bpe
+from conftest import REPO, VARIANTS, needs_bpe, needs_compiler
 import sample
 from checkpoint import save_checkpoint
 from model import GPT, GPTConfig
@@ -65,6 +65,19 @@ def test_seed_kv_cache_and_file_prompt(tmp_path, capsys):
     assert "KV cache on" in cached and "KV cache off" in uncached
     _, other_seed, _ = run(capsys, *args[:-4], "--seed", 8, "--top_k", 5)
     assert text(other_seed) != text(cached)
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_compiled_decoding_samples_the_same_text(tmp_path, capsys):
+    write_checkpoint(tmp_path, "super", block_size=16)
+    args = ["--out_dir", tmp_path, "--start", "ROMEO:", "--num_samples", 2, "--max_new_tokens", 30, "--seed", 3]
+    code, eager, err = run(capsys, *args)
+    assert code == 0, err
+    code, compiled, err = run(capsys, *args, "--compile")
+    assert code == 0, err
+    text = lambda out: out.rsplit("---------------", 1)[0]  # noqa: E731  (the samples, not the timing line)
+    assert text(compiled) == text(eager)  # past block_size too: refills between compiled steps
 
 
 def test_meta_from_the_training_data_dir(tmp_path, capsys):
