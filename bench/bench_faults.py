@@ -286,7 +286,8 @@ def sharded_kill_once(args, out_dir, log, expected_start, target, delay):
     iteration, problem = sharded_iteration(out_dir) if expected_start or Path(out_dir, CHECKPOINT_NAME).exists() \
         else (0, None)  # killed in the chain's first save: nothing to keep yet
     last_save = max(reported(log, SAVED), default=expected_start)
-    return dict(kill=int(status == -signal.SIGKILL), corrupted=int(problem is not None),
+    mid_write = target is None and tmp.exists() and not (tmp / distributed.TRAIN_STATE_NAME).exists()
+    return dict(kill=int(status == -signal.SIGKILL), corrupted=int(problem is not None), mid_write=int(mid_write),
                 failed_resume=int(expected_start > 0 and resumed_at != [expected_start]),
                 lost=max(0, last_save - (iteration or 0)), iteration=iteration, note=problem)
 
@@ -302,7 +303,7 @@ def sharded_kill_chain(data_dir, work, n_kills, rng):
     assert wait_status(fork_train(config_args(data_dir, reference, **common), work / "fsdp-reference.txt",
                                   before=world_of_one)) == 0, "the FSDP reference run failed"
     out = work / "fsdp-chain"
-    totals, iteration = dict(runs=0, kill=0, corrupted=0, failed_resume=0, lost=0, in_commit=0), 0
+    totals, iteration = dict(runs=0, kill=0, corrupted=0, failed_resume=0, lost=0, in_commit=0, mid_write=0), 0
     for k in range(n_kills):
         args = config_args(data_dir, out, **common, init_from="resume" if iteration else "scratch")
         target = rng.choice(COMMIT_STEPS) if k % 2 else None
@@ -448,8 +449,10 @@ def main(argv=None):
         if args.sharded_kills:
             totals, note = sharded_kill_chain(data_dir, work, args.sharded_kills, rng)
             rows.append(("SIGKILL in a sharded save (FSDP)", totals,
-                         f"{totals['kill'] - totals['in_commit']} mid-write of the shards, {totals['in_commit']} right "
-                         f"after a rename or removal of a commit; {note}; final weights identical to an "
+                         f"{totals['mid_write']} mid-write of the shards (an incomplete .tmp left), "
+                         f"{totals['kill'] - totals['in_commit'] - totals['mid_write']} after the shards' write, "
+                         f"{totals['in_commit']} right after a rename or removal of a commit; {note}; "
+                         f"final weights identical to an "
                          f"uninterrupted run: {totals.get('identical')}; log.jsonl one record per iteration: "
                          f"{totals.get('log_once')}"))
         if args.signals:
