@@ -102,6 +102,27 @@ def peak_flops(setting, device):
     return gpu_peak_flops(torch.cuda.get_device_name(device))
 
 
+def machine_name(device):
+    """The machine a figure was measured on: the GPU and CUDA version, or the CPU model, its cores and
+    torch's threads."""
+    if torch.device(device).type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
+    return f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def peak_memory_bytes(device):
     """Peak allocated GPU memory, or on CPU the process's peak resident memory."""
     if torch.device(device).type == "cuda":

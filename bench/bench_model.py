@@ -18,7 +18,6 @@ with the same shape, dtype, compile setting and optimizer, so "ours vs NanoGPT" 
 
 import argparse
 import importlib.util
-import platform
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
-from runtime import DTYPES, autocast_context, gpu_peak_flops, resolve_device_and_dtype, synchronize
+from runtime import (DTYPES, autocast_context, gpu_peak_flops, machine_name, resolve_device_and_dtype,
+                     synchronize)
 
 SHAPES = {
     "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
@@ -141,8 +141,7 @@ def print_table(title, rows):
 
 
 def describe_machine(args, peak, peak_source):
-    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else (
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    where = machine_name(args.device)
     step = "forward+backward+clip+AdamW" if args.optimizer else "forward+backward"
     print(f"# {where}; torch {torch.__version__}; {args.dtype}; compile {args.compile}; step = {step}; "
           f"median of {args.repeats} after {args.warmup} warm-up; MFU against {peak / 1e12:.1f} TFLOP/s ({peak_source})")

@@ -12,7 +12,6 @@ Each measurement is the best of --repeats runs after one short warm-up, which da
 other processes sharing the CPU.
 """
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
-from runtime import DTYPES, autocast_context, resolve_device_and_dtype, synchronize
+from runtime import DTYPES, autocast_context, machine_name, resolve_device_and_dtype, synchronize
 
 SIZES = {
     # a small model, in the range the character-level quick start trains
@@ -84,8 +83,7 @@ def main():
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else (
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    where = machine_name(args.device)
     print(f"# torch {torch.__version__}, {where}, batch 1, prompt {args.prompt_tokens} tokens, "
           f"{args.max_new_tokens} new tokens, {args.dtype}, best of {args.repeats}", flush=True)
     rows = []

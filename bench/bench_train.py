@@ -48,6 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the repo's modules, from bench/
 from checkpoint import LOG_NAME, SUMMARY_NAME
 from configurator import ConfigError, get_config, resolve_config
+from runtime import machine_name
 from tokenizer import GPT2_VOCAB_SIZE, write_meta, write_tokens_atomically
 
 DEFAULT_CONFIGS = ["config/train_llama1b_efficient_c4.py", "config/train_tinyllama_standard_c4.py"]
@@ -64,23 +65,8 @@ ERROR_LINE = re.compile(r"^(?:\[[^\]]*\]:\s*)?((?:[\w.]+(?:Error|Exception)|erro
 
 def header(script, argv):
     """A benchmark's first lines: the accelerator (or the CPU), torch, and the command."""
-    if torch.cuda.is_available():
-        where = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
-    else:
-        where = f"{cpu_model()}, {os.cpu_count()} cores, no CUDA"
-    return f"# {where}; torch {torch.__version__}\n# command: python bench/{script} {shlex.join(argv)}"
-
-
-def cpu_model():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return f"# {machine_name(device)}; torch {torch.__version__}\n# command: python bench/{script} {shlex.join(argv)}"
 
 
 # -----------------------------------------------------------------------------
