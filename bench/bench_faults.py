@@ -133,12 +133,12 @@ def wait_for_save(out_dir, pid, stale, timeout=120):
     return "timeout"
 
 
-def reference_run(args, out_dir, log):
-    """Run the uninterrupted reference while watching its temporary checkpoint files; return how
-    long, on average, one existed (the window a kill must hit to land mid-write)."""
-    pid, seen, lifetimes = fork_train(args, log), {}, []
+def reference_run(args, out_dir, log, temporaries=temporary_files, before=None):
+    """Run the uninterrupted reference while watching its temporary checkpoint files (or folders);
+    return how long, on average, one existed (the window a kill must hit to land mid-write)."""
+    pid, seen, lifetimes = fork_train(args, log, before), {}, []
     while not (done := os.waitpid(pid, os.WNOHANG))[0]:
-        now, present = time.time(), temporary_files(out_dir)
+        now, present = time.time(), temporaries(out_dir)
         for name in present - seen.keys():
             seen[name] = now
         for name in [n for n in seen if n not in present]:
@@ -261,6 +261,12 @@ def sharded_iteration(out_dir):
         return None, str(e)
 
 
+def sharded_temporary(out_dir):
+    """The sharded folder being written, as a set (what reference_run watches)."""
+    tmp = Path(out_dir) / (distributed.SHARDED_NAME + ".tmp")
+    return {tmp} if tmp.exists() else set()
+
+
 def made_since(folder, moment):
     try:
         return folder.stat().st_mtime >= moment  # a folder's mtime moves when an entry is added
@@ -300,18 +306,19 @@ def sharded_kill_chain(data_dir, work, n_kills, rng):
     common = dict(model=KILL_MODEL, max_iters=max_iters, lr_decay_iters=max_iters, eval_interval=eval_interval,
                   parallelism="fsdp")
     reference = work / "fsdp-reference"
-    assert wait_status(fork_train(config_args(data_dir, reference, **common), work / "fsdp-reference.txt",
-                                  before=world_of_one)) == 0, "the FSDP reference run failed"
+    write_time = reference_run(config_args(data_dir, reference, **common), reference, work / "fsdp-reference.txt",
+                               temporaries=sharded_temporary, before=world_of_one)
     out = work / "fsdp-chain"
     totals, iteration = dict(runs=0, kill=0, corrupted=0, failed_resume=0, lost=0, in_commit=0, mid_write=0), 0
     for k in range(n_kills):
         args = config_args(data_dir, out, **common, init_from="resume" if iteration else "scratch")
         target = rng.choice(COMMIT_STEPS) if k % 2 else None
-        figures = sharded_kill_once(args, out, work / f"fsdp-kill-{k}.txt", iteration, target, rng.uniform(0, 0.3))
+        figures = sharded_kill_once(args, out, work / f"fsdp-kill-{k}.txt", iteration, target,
+                                    rng.uniform(0, write_time))
         figures["in_commit"] = int(target is not None)
         iteration = count_kill(totals, figures, f"FSDP kill {k}") or iteration
     finish_chain(data_dir, out, reference, common, iteration, totals, work, before=world_of_one)
-    return totals, f"{max_iters} iterations"
+    return totals, f"the shards take {write_time * 1000:.0f} ms to write and commit, {max_iters} iterations"
 
 
 # -----------------------------------------------------------------------------
