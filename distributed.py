@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, lock_
 
 PARALLELISMS = ("ddp", "fsdp")
 SHARDED_NAME = "ckpt_sharded"  # the folder in out_dir
+REFUSE_WAIT_SECONDS = 60  # how long a rank other than 0 waits to be stopped when a resume is refused
 TRAIN_STATE_NAME = "train_state.pt"  # inside it, beside the shards
 
 
@@ -336,9 +338,14 @@ def damaged(folder, problem):
 
 def refuse(message, *args):
     """Stop an FSDP start whose checkpoint cannot be read: a CheckpointError with message(*args) on
-    rank 0, which train.py prints as one error line; the other ranks read the same folder, so they
-    exit with status 1 without repeating it (nor reading ckpt.pt for the message)."""
+    rank 0, which train.py prints as one error line. The other ranks read the same folder and say
+    nothing (nor read ckpt.pt for the message): they wait for the launcher to stop them once rank 0
+    has exited, since a rank that exited first would have the launcher stop rank 0 before it said
+    why; without a launcher that does, they exit with status 1 after a minute."""
     if int(os.environ.get("RANK", "0")) != 0:
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop, signal.SIG_DFL)  # end quietly, with no handler's save or traceback
+        time.sleep(REFUSE_WAIT_SECONDS)
         raise SystemExit(1)
     raise CheckpointError(message(*args))
 
