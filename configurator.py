@@ -153,6 +153,18 @@ def parse_override(arg, defaults=DEFAULT_CONFIG):
     return key, check_value(key, value, defaults)
 
 
+def format_override(key, value):
+    """The `--key=value` argument that parse_override reads back as value: a string bare where it
+    would stay the string (standard, /path/out), quoted where it would read as a number or a bool
+    ('1', 'True'); numbers and bools as Python writes them (0.001, True)."""
+    if isinstance(value, str):
+        try:
+            ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return f"--{key}={value}"  # parse_override's fallback: what it cannot parse is the plain string
+    return f"--{key}={value!r}"
+
+
 def read_config_file(path, defaults=DEFAULT_CONFIG):
     """Execute a plain-Python config file and return the settings it defines (names without a
     leading underscore that are not modules, functions or classes)."""

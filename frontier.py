@@ -10,7 +10,6 @@ super's W^A V included), not 6N. Parameters are the total count (embeddings incl
 once), as the FLOP count includes the output head.
 """
 
-import ast
 import json
 import math
 import re
@@ -28,7 +27,7 @@ import torch
 
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
-from configurator import MODEL_ARG_KEYS, ConfigError, get_config, parse_override, resolve_config
+from configurator import MODEL_ARG_KEYS, ConfigError, format_override, get_config, parse_override, resolve_config
 from data import choose_vocab_size
 from model import GPT, GPTConfig
 from tokenizer import read_meta
@@ -105,22 +104,6 @@ class PlannedRun:
                     training_flops=self.training_flops, run_dir=str(self.run_dir))
 
 
-def config_literal(value):
-    """value written as train.py's configurator reads it back after --key=: a string bare when the
-    configurator keeps it as the string (standard, /path/out), quoted when it would read as a number
-    or a bool ('1', 'True'); numbers and bools as Python writes them (0.001, True)."""
-    if isinstance(value, str):
-        try:
-            ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            return value  # the configurator's fallback: what it cannot parse is the plain string
-    return repr(value)
-
-
-def train_arg(key, value):
-    return f"--{key}={config_literal(value)}"
-
-
 def resolved_config(config_file, overrides):
     """train.py's own config for these arguments; its ConfigError becomes a SweepError."""
     try:
@@ -170,7 +153,7 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
                         warmup_iters=0, eval_interval=probe_iters, eval_iters=1, log_interval=probe_iters,
                         always_save_checkpoint=False)
         command = [sys.executable, str(REPO / "train.py"), config_file, *overrides,
-                   *(train_arg(key, value) for key, value in settings.items())]
+                   *(format_override(key, value) for key, value in settings.items())]
         with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
             code = forwarder.run(command, stdout=log, stderr=subprocess.STDOUT)
         if forwarder.received:
@@ -189,7 +172,7 @@ def cost_per_iter(match, c, flops_per_token, seconds):
 
 def plan_size(args, overrides, shape, out_dir):
     """The runs of one size: each variant's iterations under the budget, for every seed."""
-    shape_args = [train_arg(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
+    shape_args = [format_override(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
     c = resolved_config(args.config, overrides + shape_args)
     label = size_label(tuple(c[k] for k in SHAPE_KEYS))
     variants = list(dict.fromkeys([*args.variants, args.reference]))
@@ -210,7 +193,7 @@ def plan_size(args, overrides, shape, out_dir):
         for seed in range(args.seeds):
             run_dir = out_dir / label / f"{variant}-seed{seed}" if shape else out_dir / f"{variant}-seed{seed}"
             settings = dict(attention=variant, seed=seed, out_dir=str(run_dir), **schedule)
-            train_args = [args.config, *overrides, *shape_args, *(train_arg(k, v) for k, v in settings.items())]
+            train_args = [args.config, *overrides, *shape_args, *(format_override(k, v) for k, v in settings.items())]
             resolved_config(args.config, train_args[1:])  # every run's settings are checked before any trains
             runs[variant, seed] = PlannedRun(label, variant, seed, iterations, schedule, costs[variant][0],
                                              cost_per_iter("tokens", c, 0, None), run_dir, train_args)
@@ -596,8 +579,8 @@ def plot_losses(plt, logs, path):
             ax.plot([e[x] for e in train_steps], [e["loss"] for e in train_steps], color=color, alpha=0.25, lw=0.8)
             ax.plot([e[x] for e in evals], [e["val_loss"] for e in evals], color=color, marker="o", ms=3,
                     label=f"{variant} val")
-            ax.plot([e[x] for e in evals], [e["train_loss"] for e in evals], color=color, ls="--", lw=1, marker="x", ms=3,
-                    label=f"{variant} train (eval)")
+            ax.plot([e[x] for e in evals], [e["train_loss"] for e in evals], color=color, ls="--", lw=1,
+                    marker="x", ms=3, label=f"{variant} train (eval)")
     top = loss_axis_top(logs)
     if top is not None:
         axes[0].set_ylim(top=top)

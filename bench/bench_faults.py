@@ -261,10 +261,13 @@ def sharded_iteration(out_dir):
         return None, str(e)
 
 
+def sharded_tmp(out_dir):
+    return Path(out_dir) / (distributed.SHARDED_NAME + ".tmp")
+
+
 def sharded_temporary(out_dir):
     """The sharded folder being written, as a set (what reference_run watches)."""
-    tmp = Path(out_dir) / (distributed.SHARDED_NAME + ".tmp")
-    return {tmp} if tmp.exists() else set()
+    return {sharded_tmp(out_dir)} if sharded_tmp(out_dir).exists() else set()
 
 
 def made_since(folder, moment):
@@ -277,7 +280,7 @@ def made_since(folder, moment):
 def sharded_kill_once(args, out_dir, log, expected_start, target, delay):
     """Start a resumed (or first) FSDP run and SIGKILL it: `delay` s into the write of its shards
     (target None), or right after a step of the commit; return this kill's figures."""
-    tmp = Path(out_dir) / (distributed.SHARDED_NAME + ".tmp")
+    tmp = sharded_tmp(out_dir)
     pid = fork_train(args, log, before=lambda: (world_of_one(), target and sigkill_after(target)))
     if target is None:
         # a .tmp folder left by the previous kill stays until this run's first save settles it: wait
@@ -459,8 +462,8 @@ def main(argv=None):
                          f"{totals['mid_write']} mid-write of the shards (an incomplete .tmp left), "
                          f"{totals['kill'] - totals['in_commit'] - totals['mid_write']} after the shards' write, "
                          f"{totals['in_commit']} right after a rename or removal of a commit; {note}; "
-                         f"final weights identical to an "
-                         f"uninterrupted run: {totals.get('identical')}; log.jsonl one record per iteration: "
+                         f"final weights identical to an uninterrupted run: {totals.get('identical')}; "
+                         f"log.jsonl one record per iteration: "
                          f"{totals.get('log_once')}"))
         if args.signals:
             rows.append(("SIGTERM/SIGINT, 2-process DDP", *signal_runs(data_dir, work, args.signals, rng)))

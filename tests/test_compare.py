@@ -109,7 +109,7 @@ TRAIN_VALUES = {"attention": "efficient", "device": "cpu", "out_dir": "/tmp/a ru
 
 
 def test_a_printed_train_command_reads_back_as_the_planned_values():
-    line = frontier.shell_join(["python", "train.py", *(frontier.train_arg(k, v) for k, v in TRAIN_VALUES.items())])
+    line = frontier.shell_join(["python", "train.py", *(configurator.format_override(k, v) for k, v in TRAIN_VALUES.items())])
     words = shlex.split(line)
     settings = dict(configurator.parse_override(word) for word in words[2:])
     assert settings == TRAIN_VALUES
