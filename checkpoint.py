@@ -22,6 +22,7 @@ import torch
 from atomic import atomic_file
 from configurator import MODEL_ARG_KEYS
 from model import GPT, PRETRAINED_GPT2, GPTConfig
+from runtime import DTYPES
 from tokenizer import GPT2Tokenizer, read_meta, tokenizer_from_meta
 
 CHECKPOINT_NAME = "ckpt.pt"
@@ -219,6 +220,19 @@ def checkpoint_meta(checkpoint):
             if (candidate / "meta.json").is_file():
                 return read_meta(candidate)
     return None
+
+
+def add_model_arguments(parser):
+    """The options of the scripts that run a trained model (sample.py, eval_hellaswag.py): which weights
+    load_model_and_tokenizer loads, and the device, dtype and CPU threads they run with."""
+    parser.add_argument("--init_from", default="resume",
+                        help=f"'resume' (the checkpoint in --out_dir) or {', '.join(PRETRAINED_GPT2)}")
+    parser.add_argument("--out_dir", default="out", help="training out_dir holding ckpt.pt, or a checkpoint file")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, mps")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                        help="auto: bfloat16 on CUDA if supported, else float32")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads on CPU (0 = the cores other processes leave free)")
 
 
 def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):

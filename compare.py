@@ -16,10 +16,15 @@ lr_decay_iters, eval_interval) is stretched to its own iterations. 'time' measur
 step time with a short probe first: its iterations depend on the machine. docs/compare.md has the
 accounting (which FLOPs, which parameters) and the fit.
 
+One learning rate for all variants may suit some better than others: --learning_rates=5e-4,1e-3,2e-3
+trains every variant at every size with each of them (min_lr at the config's ratio to it) and
+compares each variant at its best; results.md opens with the val loss at each learning rate.
+
 Everything after the config that compare.py does not know (--max_iters=..., --batch_size=...) is
 passed to train.py for every run. Each run is a separate train.py process writing to
-OUT_DIR/[SIZE/]<variant>-seed<k>/. Rerunning the same command skips finished runs and resumes an
-interrupted one from its checkpoint; Ctrl-C stops the sweep after the running train.py has saved.
+OUT_DIR/[SIZE/]<variant>[-lr<rate>]-seed<k>/. Rerunning the same command skips finished runs and
+resumes an interrupted one from its checkpoint; Ctrl-C stops the sweep after the running train.py
+has saved.
 The results land in
     OUT_DIR/results.md    a table per size (ranking in parentheses), then the summary and the fit
     OUT_DIR/results.json  the plan, every run's numbers, means and standard deviations, the fit
@@ -39,7 +44,9 @@ BUDGET_FLAGS = {"tokens": "budget_tokens", "flops": "budget_flops", "time": "bud
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # no abbreviations: what is not ours is a train.py setting (--seed is not --seeds)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                    allow_abbrev=False)
     parser.add_argument("config", help="a train.py config file, e.g. config/train_shakespeare_char_cpu.py")
     parser.add_argument("--variants", default=",".join(ATTENTION_VARIANTS), help="comma-separated attention variants")
     parser.add_argument("--seeds", type=int, default=1, help="runs per variant and size, seeds 0..N-1")
@@ -52,6 +59,8 @@ def parse_args(argv):
     parser.add_argument("--probe_iters", type=int, default=30, help="with --match=time: steps timed per variant")
     parser.add_argument("--sizes", default="", help="n_layer x n_head x n_embd, comma-separated (e.g. "
                         f"2x2x64,4x4x128) or presets: {', '.join(frontier.SIZE_PRESETS)}")
+    parser.add_argument("--learning_rates", default="", help="comma-separated peak learning rates, each tried for "
+                        "every variant and size (min_lr at the config's ratio); each variant is compared at its best")
     parser.add_argument("--launcher", default="", help='e.g. "torchrun --standalone --nproc_per_node=8"')
     parser.add_argument("--hellaswag_file", default="", help="HellaSwag jsonl to evaluate each final checkpoint on")
     parser.add_argument("--hellaswag_limit", type=int, default=None)
@@ -82,6 +91,7 @@ def check_args(parser, args, train_overrides):
         args.sizes = frontier.parse_sizes(args.sizes) if args.sizes else None
     except frontier.SweepError as e:
         parser.error(str(e))
+    args.learning_rates = parse_learning_rates(parser, args.learning_rates)
     for override in train_overrides:
         if not override.startswith("--") or "=" not in override:
             parser.error(f"{override!r}: train.py settings are passed as --key=value")
@@ -90,6 +100,20 @@ def check_args(parser, args, train_overrides):
             parser.error(f"{override!r}: compare.py sets attention, seed, out_dir and init_from itself")
         if args.sizes and key in frontier.SHAPE_KEYS:
             parser.error(f"{override!r}: with --sizes, each size sets n_layer, n_head and n_embd")
+        if args.learning_rates and key in ("learning_rate", "min_lr"):
+            parser.error(f"{override!r}: with --learning_rates, each run's learning_rate and min_lr are set from "
+                         f"the list (min_lr at the config's ratio to learning_rate)")
+
+
+def parse_learning_rates(parser, text):
+    """'1e-3,2e-3' -> [0.001, 0.002], ascending; [] for none."""
+    try:
+        rates = [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        parser.error(f"--learning_rates={text}: give comma-separated numbers, e.g. 5e-4,1e-3,2e-3")
+    if not all(math.isfinite(lr) and lr > 0 for lr in rates) or len(set(rates)) != len(rates):
+        parser.error(f"--learning_rates={text}: each must be a positive number, listed once")
+    return sorted(rates)
 
 
 def describe_plan(args, plan, budgets):
@@ -102,7 +126,8 @@ def describe_plan(args, plan, budgets):
         lines.append(f"  (seconds per step measured by a {args.probe_iters}-step probe per variant on this machine: "
                      f"the iterations below hold for this machine only; evaluation time is not in the budget)")
     for k, run in enumerate(plan, 1):
-        lines.append(f"  run {k:>3}: {run.size:>10} {run.variant:>10} seed {run.seed}: {run.iterations:>7,} iters, "
+        lr = "" if run.learning_rate is None else f" lr {run.learning_rate:<7g}"
+        lines.append(f"  run {k:>3}: {run.size:>10} {run.variant:>10}{lr} seed {run.seed}: {run.iterations:>7,} iters, "
                      f"warmup {run.schedule['warmup_iters']:,}, eval every {run.schedule['eval_interval']:,}, "
                      f"{run.training_flops:.4g} training FLOPs")
     return "\n".join(lines)
@@ -138,7 +163,7 @@ def main(argv=None):
     seeds_note = f"mean ± standard deviation over {args.seeds} seeds" if args.seeds > 1 else "one seed"
     header = f"Command: `{command}` ({seeds_note}; ranking in parentheses, 1 = best)"
     extra = {"command": command, "config": args.config, "train_overrides": train_overrides, "match": args.match,
-             "reference": args.reference, "seeds": args.seeds}
+             "reference": args.reference, "seeds": args.seeds, "learning_rates": args.learning_rates}
     markdown = frontier.write_report(out_dir, header, plan, budgets, list(summaries.values()), args.variants,
                                      args.reference, args.seeds, extra)
     print(f"\n{markdown}\nwrote {out_dir / 'results.md'}, {out_dir / 'results.json'} and the plots beside them")

@@ -50,9 +50,8 @@ from pathlib import Path
 import torch
 
 from atomic import atomic_file, write_text_atomic
-from checkpoint import load_model_and_tokenizer
-from runtime import (DTYPES, CpuThreads, autocast_context, resolve_device, resolve_device_and_dtype,
-                     resolve_dtype)
+from checkpoint import add_model_arguments, load_model_and_tokenizer
+from runtime import CpuThreads, autocast_context, resolve_device, resolve_device_and_dtype
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_FILENAME = "hellaswag_val.jsonl"
@@ -388,10 +387,10 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
 def evaluate_checkpoint(out_dir, data_file, limit=None, device="auto", dtype="auto", batch_size=1):
     """Load a training run's checkpoint (its out_dir, or the file) with its tokenizer and score it on
     a HellaSwag jsonl: the results of `evaluate`."""
-    device = resolve_device(device)
+    device, dtype = resolve_device_and_dtype(device, dtype)  # a bad one is refused before anything loads
+    examples = load_examples(data_file, limit)
     model, tokenizer, _ = load_model_and_tokenizer("resume", out_dir, device)
-    return evaluate(model, load_examples(data_file, limit), tokenizer, device, batch_size=batch_size,
-                    dtype=resolve_dtype(dtype, device))
+    return evaluate(model, examples, tokenizer, device, batch_size=batch_size, dtype=dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -444,16 +443,12 @@ def report(results, output):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init_from", default="resume", help="'resume' (checkpoint in --out_dir) or gpt2, gpt2-medium, ...")
-    p.add_argument("--out_dir", default="out", help="training out_dir holding ckpt.pt, or a checkpoint file")
+    add_model_arguments(p)
     p.add_argument("--data_file", default=None, help="a local HellaSwag-format jsonl (default: download the official validation set)")
     p.add_argument("--cache_dir", default=str(DEFAULT_CACHE_DIR), help="where the official file is downloaded to once")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
     p.add_argument("--batch_size", type=int, default=1, help="examples per forward pass (each is up to 8 sequences)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on CUDA if supported, else float32")
     p.add_argument("--output", default=None, help="results JSON (default: hellaswag.json beside the checkpoint, or hellaswag_<model>.json)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = the cores other processes leave free)")
     p.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
     return p.parse_args(argv)
 

@@ -93,13 +93,19 @@ class PlannedRun:
     tokens_per_iter: int
     run_dir: Path
     train_args: list = field(default_factory=list)
+    learning_rate: float = None  # the peak learning rate of a --learning_rates sweep; None: the config's
+
+    def describe(self):
+        lr = "" if self.learning_rate is None else f", learning rate {self.learning_rate:g}"
+        return f"{self.variant} at {self.size}{lr}, seed {self.seed}"
 
     @property
     def training_flops(self):
         return self.flops_per_token * self.tokens_per_iter * self.iterations
 
     def as_dict(self):
-        return dict(size=self.size, variant=self.variant, seed=self.seed, iterations=self.iterations, **self.schedule,
+        return dict(size=self.size, variant=self.variant, seed=self.seed, learning_rate=self.learning_rate,
+                    iterations=self.iterations, **self.schedule,
                     flops_per_token=self.flops_per_token, tokens_per_iter=self.tokens_per_iter,
                     training_flops=self.training_flops, run_dir=str(self.run_dir))
 
@@ -170,8 +176,22 @@ def cost_per_iter(match, c, flops_per_token, seconds):
     return {"iters": 1, "tokens": tokens, "flops": flops_per_token * tokens, "time": seconds}[match]
 
 
+def learning_rate_settings(c, learning_rate):
+    """The overrides of one learning rate of a sweep: the peak, and min_lr at the config's ratio to it
+    (NanoGPT's configs end at a tenth of the peak). None: the config's own, no overrides."""
+    if learning_rate is None:
+        return {}
+    min_lr = float(f"{learning_rate * c['min_lr'] / c['learning_rate']:.12g}")  # 0.0003, not 0.00030000000000000003
+    return {"learning_rate": learning_rate, "min_lr": min_lr}
+
+
+def run_name(variant, learning_rate, seed):
+    return f"{variant}-seed{seed}" if learning_rate is None else f"{variant}-lr{learning_rate:g}-seed{seed}"
+
+
 def plan_size(args, overrides, shape, out_dir):
-    """The runs of one size: each variant's iterations under the budget, for every seed."""
+    """The runs of one size: each variant's iterations under the budget, for every learning rate of the
+    sweep (the config's alone without --learning_rates) and every seed."""
     shape_args = [format_override(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
     c = resolved_config(args.config, overrides + shape_args)
     label = size_label(tuple(c[k] for k in SHAPE_KEYS))
@@ -190,22 +210,24 @@ def plan_size(args, overrides, shape, out_dir):
     for variant in args.variants:
         iterations = iterations_for_budget(budget, costs[variant][1])
         schedule = scaled_schedule(c, iterations, args.match)
-        for seed in range(args.seeds):
-            run_dir = out_dir / label / f"{variant}-seed{seed}" if shape else out_dir / f"{variant}-seed{seed}"
-            settings = dict(attention=variant, seed=seed, out_dir=str(run_dir), **schedule)
+        for lr, seed in ((lr, seed) for lr in args.learning_rates or [None] for seed in range(args.seeds)):
+            run_dir = (out_dir / label if shape else out_dir) / run_name(variant, lr, seed)
+            settings = dict(attention=variant, seed=seed, out_dir=str(run_dir), **schedule,
+                            **learning_rate_settings(c, lr))
             train_args = [args.config, *overrides, *shape_args, *(format_override(k, v) for k, v in settings.items())]
             resolved_config(args.config, train_args[1:])  # every run's settings are checked before any trains
-            runs[variant, seed] = PlannedRun(label, variant, seed, iterations, schedule, costs[variant][0],
-                                             cost_per_iter("tokens", c, 0, None), run_dir, train_args)
+            runs[variant, lr, seed] = PlannedRun(label, variant, seed, iterations, schedule, costs[variant][0],
+                                                 cost_per_iter("tokens", c, 0, None), run_dir, train_args, lr)
     return label, budget, runs
 
 
 def plan_sweep(args, overrides, out_dir):
-    """Every run of the sweep, seeds outermost, then sizes (smallest first), then variants; and the
-    budget of each size."""
+    """Every run of the sweep, seeds outermost, then sizes (smallest first), then variants, then learning
+    rates; and the budget of each size."""
     shapes = args.sizes or [None]
     sized = [plan_size(args, overrides, shape, out_dir) for shape in shapes]
-    plan = [runs[variant, seed] for seed in range(args.seeds) for _, _, runs in sized for variant in args.variants]
+    plan = [runs[variant, lr, seed] for seed in range(args.seeds) for _, _, runs in sized
+            for variant in args.variants for lr in args.learning_rates or [None]]
     return plan, {label: budget for label, budget, _ in sized}
 
 
@@ -285,7 +307,15 @@ def run_status(run):
     summary = read_json(run.run_dir / SUMMARY_NAME)
     if summary and summary["stop_reason"] == "max_iters" and summary["iterations"] == run.iterations:
         return "done"
+    if summary and diverged_in_a_learning_rate_sweep(run, summary):
+        return "done"  # training it again would diverge again
     return "resume" if (run.run_dir / CHECKPOINT_NAME).exists() else "new"
+
+
+def diverged_in_a_learning_rate_sweep(run, summary):
+    """Whether a run of a --learning_rates sweep diverged: one of the sweep's results, where in any other
+    sweep it is a failure."""
+    return run.learning_rate is not None and summary["stop_reason"] == "diverged"
 
 
 def train_once(run, status, launcher, forwarder):
@@ -299,13 +329,16 @@ def train_once(run, status, launcher, forwarder):
     print(shell_join(command), flush=True)
     code = forwarder.run(command)
     summary = read_json(run.run_dir / SUMMARY_NAME)
-    if summary is not None and code == 0:
+    diverged = summary is not None and diverged_in_a_learning_rate_sweep(run, summary)
+    if summary is not None and (code == 0 or diverged):
         segments = segments + [summary["wall_time_s"]]
         write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "wall_time_s": segments}))
     if forwarder.received:
         raise SweepInterrupted(forwarder.received)
-    if code != 0:
-        raise RunFailed(f"training {run.variant} at {run.size} (seed {run.seed}) failed with exit code {code}; "
+    if diverged:
+        print(f"{run.describe()} diverged: a result of the learning-rate sweep, which goes on", flush=True)
+    elif code != 0:
+        raise RunFailed(f"training {run.describe()}, failed with exit code {code}; "
                         f"its output is above, its files in {run.run_dir}")
     return summary
 
@@ -317,6 +350,8 @@ def finished_summary(run):
     summary["wall_time_s"] = sum(record["wall_time_s"]) or summary["wall_time_s"]
     summary |= {"size": run.size, "seed": run.seed, "training_flops": run.flops_per_token * summary["tokens_per_iter"]
                 * summary["iterations"], "tokens": summary["tokens_per_iter"] * summary["iterations"]}
+    if run.learning_rate is not None:
+        summary["learning_rate"] = run.learning_rate
     if summary.get("final_val_loss") is not None:
         summary["val_ppl"] = math.exp(summary["final_val_loss"])
     if summary.get("peak_memory_bytes") is not None:
@@ -339,7 +374,7 @@ def run_sweep(plan, launcher=""):
     with SignalForwarder() as forwarder:
         for k, (run, status) in enumerate(zip(plan, statuses), 1):
             left = sum(r.training_flops for r, s in zip(plan[k - 1:], statuses[k - 1:]) if s != "done")
-            head = f"\n=== run {k} of {len(plan)}: {run.variant} at {run.size}, seed {run.seed}, {run.iterations:,} iters"
+            head = f"\n=== run {k} of {len(plan)}: {run.describe()}, {run.iterations:,} iters"
             if status == "done":
                 print(f"{head}: finished already, skipped", flush=True)
                 continue
@@ -360,6 +395,7 @@ COLUMNS = [
     ("attn params/layer", "attention_params", "low", "{:,.0f}"),
     ("model params", "n_params", "low", "{:,.0f}"),
     ("FLOPs/token", "flops_per_token", "low", "{:,.0f}"),
+    ("learning rate", "learning_rate", None, "{:g}"),  # the best of a --learning_rates sweep
     ("iterations", "iterations", None, "{:,.0f}"),
     ("tokens", "tokens", None, "{:,.0f}"),
     ("training FLOPs", "training_flops", None, "{:.3g}"),
@@ -392,6 +428,10 @@ def rankings(results, key, better):
     means = {v: r[key]["mean"] for v, r in results.items() if key in r}
     ordered = sorted(set(means.values()), reverse=(better == "high"))
     return {v: ordered.index(m) + 1 for v, m in means.items()}
+
+
+def loss_stats(losses):
+    return {"mean": statistics.fmean(losses), "std": statistics.stdev(losses) if len(losses) > 1 else 0.0}
 
 
 def mean_cell(stats, fmt, n_seeds):
@@ -542,13 +582,78 @@ def summary_table(summaries, labels, budgets, analysis, variants, n_seeds):
         cells = []
         for label in labels:
             rows = [r["final_val_loss"] for r in summaries if r["attention"] == variant and r["size"] == label]
-            stats = {"mean": statistics.fmean(rows), "std": statistics.stdev(rows) if len(rows) > 1 else 0.0}
-            cells.append(mean_cell(stats, "{:.4f}", n_seeds))
+            cells.append(mean_cell(loss_stats(rows), "{:.4f}", n_seeds) if rows else "n/a")
         need = analysis["compute_for_target"][variant]
         compute = f"{need['compute']:.3g}" if need["compute"] is not None else "out of range"
         cells += [fit_cell(analysis["fits"][variant], len(labels)), compute, ratio_cell(need)]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# -----------------------------------------------------------------------------
+# learning rates: with --learning_rates, each variant is compared at its best
+
+def val_losses_by_learning_rate(summaries, label, variant):
+    """{learning rate: [final val loss of each seed, None where it diverged]} of one variant at one size."""
+    losses = {}
+    for r in summaries:
+        if r["size"] == label and r["attention"] == variant:
+            losses.setdefault(r["learning_rate"], []).append(r.get("final_val_loss"))
+    return losses
+
+
+def best_learning_rates(summaries, labels, variants):
+    """{(size, variant): the learning rate with the lowest val loss, mean over seeds}, among those at
+    which no seed diverged; a variant that diverged at every one has none."""
+    best = {}
+    for label, variant in ((label, variant) for label in labels for variant in variants):
+        losses = {lr: seeds for lr, seeds in val_losses_by_learning_rate(summaries, label, variant).items()
+                  if None not in seeds}
+        if losses:
+            best[label, variant] = min(losses, key=lambda lr: statistics.fmean(losses[lr]))
+    return best
+
+
+def learning_rate_table(summaries, label, variants, grid, best, n_seeds):
+    """Val loss per variant (rows) and learning rate (columns) at one size, each variant's best in bold;
+    a best at either end of the grid is flagged, as the optimum may lie beyond it."""
+    lines = ["| attention | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | best |",
+             "|---|" + "---:|" * (len(grid) + 1)]
+    for variant in variants:
+        losses = val_losses_by_learning_rate(summaries, label, variant)
+        cells = [learning_rate_cell(losses.get(lr), n_seeds) for lr in grid]
+        cells = [f"**{cell}**" if lr == best.get((label, variant)) else cell for lr, cell in zip(grid, cells)]
+        chosen = best.get((label, variant))
+        edge = " (edge of the grid)" if len(grid) > 1 and chosen in (grid[0], grid[-1]) else ""
+        cells.append(f"{chosen:g}{edge}" if chosen else "n/a")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def learning_rate_cell(losses, n_seeds):
+    if not losses:
+        return "n/a"
+    if None in losses:
+        return f"diverged ({losses.count(None)} of {len(losses)} seeds)" if len(losses) > 1 else "diverged"
+    return mean_cell(loss_stats(losses), "{:.4f}", n_seeds)
+
+
+def keep_best_learning_rates(summaries, plan, labels, variants, n_seeds):
+    """With a --learning_rates sweep: the report's section of val loss per learning rate, and the summaries
+    and plan cut to each variant's best learning rate at each size, which the tables, the fit and the
+    plots then compare. Without a sweep: no section, and everything as it was."""
+    grid = sorted({r["learning_rate"] for r in summaries if "learning_rate" in r})
+    if not grid:
+        return None, summaries, plan, {}
+    best = best_learning_rates(summaries, labels, variants)
+    tables = "\n\n".join(f"### {label}\n\n{learning_rate_table(summaries, label, variants, grid, best, n_seeds)}"
+                          for label in labels)
+    section = ("## Learning rates\n\nFinal val loss at each peak learning rate (min_lr at the config's ratio to "
+               "it). Every table after this one compares each variant at its best learning rate for that size "
+               "(bold), the lowest mean val loss over seeds.\n\n" + tables)
+    summaries = [r for r in summaries if r["learning_rate"] == best.get((r["size"], r["attention"]))]
+    plan = [run for run in plan if run.learning_rate == best.get((run.size, run.variant))]
+    return section, summaries, plan, best
 
 
 # -----------------------------------------------------------------------------
@@ -670,11 +775,12 @@ def plot_frontier(plt, summaries, labels, variants, fits, path):
 def write_report(out_dir, header, plan, budgets, summaries, variants, reference, seeds, extra):
     """results.md (a table per size, then the summary and the fit), results.json, loss.png of the
     largest size's first seed and frontier.png; returns the markdown."""
-    labels = list(budgets)
+    labels, every_run, every_planned = list(budgets), summaries, [run.as_dict() for run in plan]
+    lr_section, summaries, plan, best_lr = keep_best_learning_rates(summaries, plan, labels, variants, seeds)
     by_size = {label: {v: aggregate([r for r in summaries if r["size"] == label and r["attention"] == v])
                        for v in variants} for label in labels}
     analysis = analyse(summaries, labels, variants, reference, seeds)
-    sections = [header]
+    sections = [header] + ([lr_section] if lr_section else [])
     for label in labels:
         sections.append(f"## {label}\n\n{markdown_table(by_size[label], seeds)}")
     if len(labels) > 1:
@@ -682,8 +788,10 @@ def write_report(out_dir, header, plan, budgets, summaries, variants, reference,
     markdown = "\n\n".join(sections) + "\n"
     write_text_atomic(out_dir / "results.md", markdown)
     write_text_atomic(out_dir / "results.json", json.dumps(
-        {**extra, "budgets": budgets, "plan": [run.as_dict() for run in plan], "results": by_size,
-         "analysis": analysis, "runs": summaries}, indent=2, default=str))
+        {**extra, "budgets": budgets, "plan": every_planned, "results": by_size,
+         "analysis": analysis, "runs": every_run,
+         "best_learning_rates": {label: {v: lr for (size, v), lr in best_lr.items() if size == label}
+                                 for label in labels} if best_lr else None}, indent=2, default=str))
     plt = pyplot()
     if plt is None:
         print("matplotlib is not installed: loss.png and frontier.png skipped (pip install matplotlib); "

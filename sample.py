@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import CheckpointError, load_model_and_tokenizer
+from checkpoint import CheckpointError, add_model_arguments, load_model_and_tokenizer
 from generate import check_sampling
-from runtime import DTYPES, CpuThreads, autocast_context, resolve_device, resolve_dtype, synchronize
+from runtime import CpuThreads, autocast_context, resolve_device, resolve_dtype, synchronize
 from tokenizer import TokenizerUnavailableError
 
 
@@ -87,21 +87,17 @@ def sample(model, tokenizer, start_ids, num_samples, max_new_tokens, temperature
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init_from", default="resume", help="'resume' (checkpoint in --out_dir) or gpt2, gpt2-medium, gpt2-large, gpt2-xl")
-    p.add_argument("--out_dir", default="out", help="training out_dir holding ckpt.pt, or a checkpoint file")
+    add_model_arguments(p)
     p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file")
     p.add_argument("--num_samples", type=int, default=3)
     p.add_argument("--max_new_tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.8, help="> 0; lower is more deterministic")
     p.add_argument("--top_k", type=int, default=200, help="keep the top_k most likely tokens; 0 = no cut")
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on CUDA if supported, else float32")
     p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context at every step (slower)")
     p.add_argument("--compile", action="store_true",
                    help="decode through torch.compile with a fixed-shape cache (CUDA graphs on a GPU); compiling "
                         "takes a while, so it pays for long generations")
-    p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = the cores other processes leave free)")
     return p.parse_args(argv)
 
 

@@ -348,6 +348,9 @@ def train_loop(run, signals, threads):
                 save(run, run.stop_reason, evaluated=False)  # the next iteration's evaluation is to come
                 break
             threads.adjust()
+    except NonFiniteLossError:
+        record_divergence(run)
+        raise
     finally:
         run.log.close()
     return write_summary(run)  # runlog.py
@@ -425,6 +428,14 @@ def diverged(run, what):
             else f"no checkpoint was written to {run.out_dir}")
     return NonFiniteLossError(f"{what} at iteration {run.iter_num}; stopping, and {kept}. Lower learning_rate, "
                               f"raise warmup_iters or lower grad_clip, then resume or restart")
+
+
+def record_divergence(run):
+    """summary.json says that the run diverged, with no final losses (a learning-rate sweep reads this as
+    a result, not a failure); the checkpoint stays the last good one."""
+    run.stop_reason = "diverged"
+    run.last_losses.update(train=None, val=None)
+    write_summary(run)
 
 
 def save(run, reason, evaluated):

@@ -178,7 +178,9 @@ def table_row(row, budget_tokens):
 # -----------------------------------------------------------------------------
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # no abbreviations: what is not ours is a train.py setting (--seed is not --seeds)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                    allow_abbrev=False)
     parser.add_argument("configs", nargs="*", default=DEFAULT_CONFIGS, help="train.py config files")
     parser.add_argument("--parallelisms", default="plain,fsdp", help=f"comma-separated among {', '.join(PARALLELISMS)}")
     parser.add_argument("--iters", type=int, default=30, help="training iterations per run")

@@ -220,6 +220,7 @@ def test_a_time_matched_sweep_plans_from_its_probes_and_a_rerun_reuses_them(tiny
 @pytest.mark.parametrize("argv, message", [
     (["--variants=standard,fast"], "choose among standard, optimized, efficient, super"),
     (["--attention=super"], "sets attention, seed, out_dir and init_from itself"),
+    (["--seed=3"], "sets attention, seed, out_dir and init_from itself"),  # train.py's seed, not --seeds
     (["--max_iters", "5"], "passed as --key=value"),
     (["--match=energy"], "invalid choice: 'energy'"),
     (["--sizes=2x2"], "'2x2' is not n_layer x n_head x n_embd"),
@@ -228,6 +229,10 @@ def test_a_time_matched_sweep_plans_from_its_probes_and_a_rerun_reuses_them(tiny
     (["--sizes=2x2x64", "--n_layer=3"], "each size sets n_layer, n_head and n_embd"),
     (["--match=flops", "--budget_flops=-1"], "must be a positive number"),
     (["--match=tokens", "--budget_flops=1e9"], "--budget_flops is the budget of --match=flops"),
+    (["--learning_rates=1e-3,fast"], "give comma-separated numbers"),
+    (["--learning_rates=1e-3,0"], "each must be a positive number, listed once"),
+    (["--learning_rates=1e-3,1e-3"], "each must be a positive number, listed once"),
+    (["--learning_rates=1e-3", "--min_lr=1e-5"], "each run's learning_rate and min_lr are set from the list"),
 ])
 def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, message, capsys):
     config, out_dir = tiny_run
@@ -247,7 +252,7 @@ def test_a_failed_training_run_is_one_error_line(tiny_run, capsys):
     config, out_dir = tiny_run
     code = compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", "--block_size=4000"])
     assert code == 1
-    assert "error: training efficient at 1x2x16 (seed 0) failed with exit code" in capsys.readouterr().err
+    assert "error: training efficient at 1x2x16, seed 0, failed with exit code" in capsys.readouterr().err
 
 
 def test_help_prints_the_example_with_its_line_continuation():
@@ -318,6 +323,75 @@ def test_fewer_than_three_sizes_say_so_instead_of_fitting(tmp_path):
     rows = [r for r in rows if r["size"] in ("s", "m")]
     markdown = frontier.write_report(tmp_path, "header", [], {"s": 1e10, "m": 1e11}, rows, ["standard"], "standard", 1, {})
     assert "no fit (2 sizes; a fit needs 3)" in markdown
+
+
+# -----------------------------------------------------------------------------
+# a sweep of learning rates: each variant at its best
+
+def test_a_learning_rate_sweep_plans_each_rate_with_min_lr_at_the_configs_ratio(tiny_run):
+    config, out_dir = tiny_run
+    runs, _ = plan(config, out_dir, "--learning_rates=4e-3,1e-3", "--variants=standard,efficient", "--match=flops",
+                   "--max_iters=20")
+    assert [(r.variant, r.learning_rate) for r in runs] == [("standard", 1e-3), ("standard", 4e-3),
+                                                            ("efficient", 1e-3), ("efficient", 4e-3)]
+    for run in runs:
+        assert run.run_dir == out_dir / f"{run.variant}-lr{run.learning_rate:g}-seed0"
+        c = configurator.resolve_config(configurator.get_config(run.train_args))
+        # the tiny config decays 1e-2 to 1e-3: min_lr a tenth of each peak
+        assert (c["learning_rate"], c["min_lr"]) == (run.learning_rate, run.learning_rate / 10)
+        assert c["max_iters"] == run.iterations == next(r.iterations for r in runs if r.variant == run.variant)
+    assert runs[0].iterations == 20 < runs[2].iterations  # the budget does not depend on the learning rate
+
+
+def test_each_variant_is_compared_at_its_best_learning_rate_and_a_wider_grid_reuses_runs(tiny_run, capsys):
+    config, out_dir = tiny_run
+    argv = [str(config), "--variants=standard,efficient", "--max_iters=6", f"--out_dir={out_dir}"]
+    assert compare.main([*argv, "--learning_rates=1e-3,3e-2"]) == 0
+    results = json.loads((out_dir / "results.json").read_text())
+    assert len(results["runs"]) == len(results["plan"]) == 4 and results["learning_rates"] == [1e-3, 3e-2]
+    markdown = (out_dir / "results.md").read_text()
+    for variant in ("standard", "efficient"):
+        losses = {r["learning_rate"]: r["final_val_loss"] for r in results["runs"] if r["attention"] == variant}
+        best = min(losses, key=losses.get)
+        assert results["best_learning_rates"]["1x2x16"][variant] == best
+        row = results["results"]["1x2x16"][variant]
+        assert row["final_val_loss"]["runs"] == [losses[best]] and row["learning_rate"]["mean"] == best
+        lr_row = next(line for line in markdown.splitlines() if line.startswith(f"| {variant} | ") and "**" in line)
+        assert f"**{losses[best]:.4f}**" in lr_row and lr_row.endswith(f"| {best:g} (edge of the grid) |")
+    assert markdown.index("## Learning rates") < markdown.index("## 1x2x16")
+
+    capsys.readouterr()
+    assert compare.main([*argv, "--learning_rates=1e-3,1e-2,3e-2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("finished already, skipped") == 4 and out.count("--learning_rate=0.01 ") == 2
+    assert len(json.loads((out_dir / "results.json").read_text())["runs"]) == 6
+
+
+def test_a_diverged_learning_rate_is_a_result_of_the_sweep_not_a_failure(tiny_run, capsys):
+    config, out_dir = tiny_run
+    argv = [str(config), "--variants=efficient", "--max_iters=4", f"--out_dir={out_dir}", "--learning_rates=1e-3,1e9"]
+    assert compare.main(argv) == 0
+    assert "efficient at 1x2x16, learning rate 1e+09, seed 0 diverged: a result of the learning-rate sweep" \
+        in capsys.readouterr().out
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results["best_learning_rates"] == {"1x2x16": {"efficient": 1e-3}}
+    assert "| efficient | **" in (out_dir / "results.md").read_text()
+    assert "| diverged | 0.001 (edge of the grid) |" in (out_dir / "results.md").read_text()
+    assert compare.main(argv) == 0 and capsys.readouterr().out.count("finished already, skipped") == 2
+    # outside a learning-rate sweep a divergence is a failed run, as before
+    assert compare.main([*argv[:3], f"--out_dir={out_dir / 'one'}", "--learning_rate=1e9"]) == 1
+    assert "failed with exit code 1" in capsys.readouterr().err
+
+
+def test_the_best_learning_rate_is_the_lowest_mean_over_seeds():
+    runs = [{"size": "s", "attention": "super", "learning_rate": lr, "seed": seed, "final_val_loss": loss}
+            for lr, seed, loss in [(1e-3, 0, 2.00), (1e-3, 1, 2.30), (2e-3, 0, 2.10), (2e-3, 1, 2.12),
+                                   (4e-3, 0, 2.50), (4e-3, 1, 2.50), (8e-3, 0, 1.90), (8e-3, 1, None)]]
+    best = frontier.best_learning_rates(runs, ["s"], ["super"])
+    assert best == {("s", "super"): 2e-3}  # seed 0 alone would pick 1e-3, or 8e-3 where seed 1 diverged
+    table = frontier.learning_rate_table(runs, "s", ["super"], [1e-3, 2e-3, 4e-3, 8e-3], best, n_seeds=2)
+    assert table.splitlines()[-1] == ("| super | 2.1500 ± 0.2121 | **2.1100 ± 0.0141** | 2.5000 | "
+                                      "diverged (1 of 2 seeds) | 0.002 |")
 
 
 # -----------------------------------------------------------------------------

@@ -381,6 +381,20 @@ def test_every_variant_from_a_checkpoint(tmp_path, hellaswag_file, attention):
     assert json.loads(output.read_text())["settings"]["attention"] == attention
 
 
+def test_evaluate_checkpoint_checks_dtype_and_data_before_loading_the_model(tmp_path, hellaswag_file, monkeypatch):
+    save_char_checkpoint(tiny_gpt("efficient"), tmp_path)
+    loaded = []
+    monkeypatch.setattr(eh, "load_model_and_tokenizer", lambda *a: loaded.append(a))
+    with pytest.raises(ValueError, match="dtype='float8'"):
+        eh.evaluate_checkpoint(tmp_path, hellaswag_file, dtype="float8")
+    with pytest.raises(eh.HellaSwagError, match="missing.jsonl"):
+        eh.evaluate_checkpoint(tmp_path, tmp_path / "missing.jsonl")
+    assert loaded == []
+    monkeypatch.undo()
+    results = eh.evaluate_checkpoint(tmp_path, hellaswag_file, limit=2, device="cpu", dtype="float32")
+    assert results["n"] == 2
+
+
 @pytest.mark.slow
 def test_cli_errors_are_messages_not_tracebacks(tmp_path, hellaswag_file, capsys):
     assert eh.main(["--out_dir", str(tmp_path / "nothing"), "--data_file", str(hellaswag_file)]) == 1

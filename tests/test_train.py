@@ -623,6 +623,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data_dir, monke
     ckpt = load_checkpoint(tmp_path / "out")
     assert ckpt["iter_num"] == 4  # the last evaluation before the NaN
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["stop_reason"] == "diverged" and summary["iterations"] == 6
+    assert summary["final_val_loss"] is None and summary["best_val_loss"] is not None
 
 
 def test_divergence_never_overwrites_the_last_good_checkpoint(tmp_path, data_dir):
