@@ -133,9 +133,24 @@ def describe_plan(args, plan, budgets):
     return "\n".join(lines)
 
 
-def add_hellaswag(summaries, plan, args):
-    from eval_hellaswag import evaluate_checkpoint  # torch is imported only when HellaSwag is asked for
+def check_hellaswag_file(args):
+    """A HellaSwag file that cannot be read is refused before the sweep trains, not after."""
+    from eval_hellaswag import HellaSwagError, load_examples
 
+    try:
+        load_examples(args.hellaswag_file, args.hellaswag_limit)
+    except HellaSwagError as e:
+        raise frontier.SweepError(f"--hellaswag_file: {e}") from None
+
+
+def add_hellaswag(summaries, plan, args):
+    """Each final checkpoint's HellaSwag scores into its summary; in a --learning_rates sweep only those
+    of the runs at each variant's best learning rate, which are the ones compared."""
+    from eval_hellaswag import evaluate_checkpoint
+
+    if args.learning_rates:
+        best = frontier.best_learning_rates(list(summaries.values()), {run.size for run in plan}, args.variants)
+        plan = [run for run in plan if best.get((run.size, run.variant)) == run.learning_rate]
     for run in plan:
         results = evaluate_checkpoint(run.run_dir, args.hellaswag_file, args.hellaswag_limit)
         summaries[run.run_dir].update({f"hellaswag_{k}": results[k] for k in ("acc", "acc_norm", "acc_char_norm")})
@@ -147,6 +162,8 @@ def main(argv=None):
     out_dir = Path(args.out_dir).resolve()
     command = frontier.shell_join(["python", "compare.py", *argv])
     try:
+        if args.hellaswag_file:
+            check_hellaswag_file(args)
         plan, budgets = frontier.plan_sweep(args, train_overrides, out_dir)
         print(describe_plan(args, plan, budgets), flush=True)
         summaries = frontier.run_sweep(plan, args.launcher)

@@ -241,6 +241,17 @@ def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, messag
     assert message in capsys.readouterr().err and not out_dir.exists()
 
 
+def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run, capsys):
+    config, out_dir = tiny_run
+    bad = out_dir.parent / "hellaswag.jsonl"
+    bad.write_text("{oops\n")
+    for path in (bad, out_dir.parent / "missing.jsonl"):
+        assert compare.main([str(config), f"--out_dir={out_dir}", f"--hellaswag_file={path}"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: --hellaswag_file: ") and path.name in err[0]
+        assert not out_dir.exists()
+
+
 def test_a_bad_config_for_one_size_is_one_error_line(tiny_run, capsys):
     config, out_dir = tiny_run
     assert compare.main([str(config), f"--out_dir={out_dir}", "--sizes=1x1x16", "--dropout=2.0"]) == 1
@@ -369,12 +380,18 @@ def test_each_variant_is_compared_at_its_best_learning_rate_and_a_wider_grid_reu
 
 def test_a_diverged_learning_rate_is_a_result_of_the_sweep_not_a_failure(tiny_run, capsys):
     config, out_dir = tiny_run
-    argv = [str(config), "--variants=efficient", "--max_iters=4", f"--out_dir={out_dir}", "--learning_rates=1e-3,1e9"]
+    hellaswag = out_dir.parent / "hellaswag.jsonl"  # scored only at the best rate: the diverged run has no checkpoint
+    hellaswag.write_text(json.dumps({"ctx": "To be, or not", "endings": [" to be", " the mind", " is", " tis"],
+                                     "label": 0}) + "\n")
+    argv = [str(config), "--variants=efficient", "--max_iters=4", f"--out_dir={out_dir}", "--learning_rates=1e-3,1e9",
+            f"--hellaswag_file={hellaswag}"]
     assert compare.main(argv) == 0
     assert "efficient at 1x2x16, learning rate 1e+09, seed 0 diverged: a result of the learning-rate sweep" \
         in capsys.readouterr().out
     results = json.loads((out_dir / "results.json").read_text())
     assert results["best_learning_rates"] == {"1x2x16": {"efficient": 1e-3}}
+    assert [r["learning_rate"] for r in results["runs"] if "hellaswag_acc" in r] == [1e-3]
+    assert results["results"]["1x2x16"]["efficient"]["hellaswag_acc"]["mean"] in (0.0, 1.0)
     assert "| efficient | **" in (out_dir / "results.md").read_text()
     assert "| diverged | 0.001 (edge of the grid) |" in (out_dir / "results.md").read_text()
     assert compare.main(argv) == 0 and capsys.readouterr().out.count("finished already, skipped") == 2
