@@ -620,10 +620,9 @@ def learning_rate_table(summaries, label, variants, grid, best, n_seeds):
     lines = ["| attention | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | best |",
              "|---|" + "---:|" * (len(grid) + 1)]
     for variant in variants:
-        losses = val_losses_by_learning_rate(summaries, label, variant)
+        losses, chosen = val_losses_by_learning_rate(summaries, label, variant), best.get((label, variant))
         cells = [learning_rate_cell(losses.get(lr), n_seeds) for lr in grid]
-        cells = [f"**{cell}**" if lr == best.get((label, variant)) else cell for lr, cell in zip(grid, cells)]
-        chosen = best.get((label, variant))
+        cells = [f"**{cell}**" if lr == chosen else cell for lr, cell in zip(grid, cells)]
         edge = " (edge of the grid)" if len(grid) > 1 and chosen in (grid[0], grid[-1]) else ""
         cells.append(f"{chosen:g}{edge}" if chosen else "n/a")
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
