@@ -30,6 +30,7 @@ The results land in
     OUT_DIR/results.json  the plan, every run's numbers, means and standard deviations, the fit
     OUT_DIR/loss.png      train and val loss against iterations and wall-clock (largest size, seed 0)
     OUT_DIR/frontier.png  val loss against training FLOPs, parameters and wall-clock; fit residuals
+    OUT_DIR/learning_rates.png  with --learning_rates: val loss against the learning rate, per size
 """
 
 import argparse

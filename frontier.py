@@ -768,6 +768,35 @@ def plot_frontier(plt, summaries, labels, variants, fits, path):
     plt.close(fig)
 
 
+def plot_learning_rates(plt, summaries, labels, variants, best, path):
+    """Val loss against the peak learning rate, a panel per size and a line per variant (mean over seeds,
+    error bars their std; diverged rates left out); each variant's chosen rate ringed."""
+    grid = sorted({r["learning_rate"] for r in summaries})
+    fig, axes = plt.subplots(1, len(labels), figsize=(max(6.5, 4.5 * len(labels)), 4.2), squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        for i, variant in enumerate(variants):
+            losses = {lr: seeds for lr, seeds in sorted(val_losses_by_learning_rate(summaries, label, variant).items())
+                      if None not in seeds}
+            stats = [loss_stats(seeds) for seeds in losses.values()]
+            ax.errorbar(list(losses), [s["mean"] for s in stats], yerr=[s["std"] for s in stats], color=f"C{i}",
+                        marker="o", ms=4, capsize=3, label=variant)
+            if (label, variant) in best:
+                chosen = best[label, variant]
+                ax.plot(chosen, loss_stats(losses[chosen])["mean"], "o", ms=11, mfc="none", color=f"C{i}")
+        ax.set_xscale("log")
+        ax.set_xticks(grid, [f"{lr:g}" for lr in grid])  # the rates tried, as typed
+        ax.minorticks_off()
+        ax.set_title(label)
+        ax.set_xlabel("peak learning rate")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("val loss")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle("val loss against the peak learning rate (ringed: each variant's best)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 # -----------------------------------------------------------------------------
 # the report
 
@@ -801,4 +830,6 @@ def write_report(out_dir, header, plan, budgets, summaries, variants, reference,
         plot_losses(plt, {run.variant: read_log(run.run_dir) for run in largest}, out_dir / "loss.png")
     if len(labels) > 1:
         plot_frontier(plt, summaries, labels, variants, analysis["fits"], out_dir / "frontier.png")
+    if best_lr:
+        plot_learning_rates(plt, every_run, labels, variants, best_lr, out_dir / "learning_rates.png")
     return markdown

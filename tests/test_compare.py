@@ -370,6 +370,8 @@ def test_each_variant_is_compared_at_its_best_learning_rate_and_a_wider_grid_reu
         lr_row = next(line for line in markdown.splitlines() if line.startswith(f"| {variant} | ") and "**" in line)
         assert f"**{losses[best]:.4f}**" in lr_row and lr_row.endswith(f"| {best:g} (edge of the grid) |")
     assert markdown.index("## Learning rates") < markdown.index("## 1x2x16")
+    if frontier.pyplot() is not None:
+        assert (out_dir / "learning_rates.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     capsys.readouterr()
     assert compare.main([*argv, "--learning_rates=1e-3,1e-2,3e-2"]) == 0
