@@ -181,6 +181,9 @@ def learning_rate_settings(c, learning_rate):
     (NanoGPT's configs end at a tenth of the peak). None: the config's own, no overrides."""
     if learning_rate is None:
         return {}
+    if c["learning_rate"] == 0:
+        raise SweepError("--learning_rates sets min_lr at the config's min_lr / learning_rate, but the config's "
+                         "learning_rate is 0: set it (and min_lr) to the schedule's shape, e.g. 1e-3 and 1e-4")
     min_lr = float(f"{learning_rate * c['min_lr'] / c['learning_rate']:.12g}")  # 0.0003, not 0.00030000000000000003
     return {"learning_rate": learning_rate, "min_lr": min_lr}
 

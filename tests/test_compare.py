@@ -252,6 +252,14 @@ def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run
         assert not out_dir.exists()
 
 
+def test_a_learning_rate_sweep_needs_the_configs_learning_rate_for_min_lrs_ratio(tiny_run, capsys):
+    config, out_dir = tiny_run
+    config.write_text(config.read_text() + "learning_rate = 0.0\nmin_lr = 0.0\n")
+    assert compare.main([str(config), f"--out_dir={out_dir}", "--learning_rates=1e-3"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the config's learning_rate is 0" in err[0] and not out_dir.exists()
+
+
 def test_a_bad_config_for_one_size_is_one_error_line(tiny_run, capsys):
     config, out_dir = tiny_run
     assert compare.main([str(config), f"--out_dir={out_dir}", "--sizes=1x1x16", "--dropout=2.0"]) == 1
