@@ -605,13 +605,18 @@ def val_losses_by_learning_rate(summaries, label, variant):
     return losses
 
 
+def converged_losses_by_learning_rate(summaries, label, variant):
+    """The same, in ascending order of learning rate, without the rates at which any seed diverged."""
+    losses = val_losses_by_learning_rate(summaries, label, variant)
+    return {lr: losses[lr] for lr in sorted(losses) if None not in losses[lr]}
+
+
 def best_learning_rates(summaries, labels, variants):
     """{(size, variant): the learning rate with the lowest val loss, mean over seeds}, among those at
     which no seed diverged; a variant that diverged at every one has none."""
     best = {}
     for label, variant in ((label, variant) for label in labels for variant in variants):
-        losses = {lr: seeds for lr, seeds in val_losses_by_learning_rate(summaries, label, variant).items()
-                  if None not in seeds}
+        losses = converged_losses_by_learning_rate(summaries, label, variant)
         if losses:
             best[label, variant] = min(losses, key=lambda lr: statistics.fmean(losses[lr]))
     return best
@@ -778,8 +783,7 @@ def plot_learning_rates(plt, summaries, labels, variants, best, path):
     fig, axes = plt.subplots(1, len(labels), figsize=(max(6.5, 4.5 * len(labels)), 4.2), squeeze=False)
     for ax, label in zip(axes[0], labels):
         for i, variant in enumerate(variants):
-            losses = {lr: seeds for lr, seeds in sorted(val_losses_by_learning_rate(summaries, label, variant).items())
-                      if None not in seeds}
+            losses = converged_losses_by_learning_rate(summaries, label, variant)
             stats = [loss_stats(seeds) for seeds in losses.values()]
             ax.errorbar(list(losses), [s["mean"] for s in stats], yerr=[s["std"] for s in stats], color=f"C{i}",
                         marker="o", ms=4, capsize=3, label=variant)
