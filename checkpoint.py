@@ -52,8 +52,12 @@ def lock_out_dir(out_dir):
     that a second run on a live out_dir stops before it writes anything. A POSIX lock (lockf) is
     per process: a child process that a fork makes does not inherit it."""
     path = Path(out_dir) / LOCK_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(path, "a+", encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path, "a+", encoding="utf-8")
+    except OSError as e:  # a file of that name, a read-only place, no such parent
+        raise CheckpointError(f"out_dir {out_dir} cannot be used as a folder for the run: {e.strerror}: "
+                              f"{e.filename}") from None
     try:
         fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -69,8 +73,8 @@ def lock_out_dir(out_dir):
 
 
 def load_resume_checkpoint(out_dir, model_args, sharded=False):
-    """The checkpoint to resume from, after checking that it trains the model requested; its
-    "source" is the file or folder it was read from. sharded (an FSDP run): the training state of
+    """The checkpoint to resume from, after checking that it trains the model requested (its
+    model_args are the ones to build); its "source" is the file or folder it was read from. sharded (an FSDP run): the training state of
     the sharded checkpoint, whose shards build_run loads."""
     if sharded:
         import distributed  # which imports this module
@@ -84,6 +88,10 @@ def load_resume_checkpoint(out_dir, model_args, sharded=False):
             raise CheckpointError(f"{checkpoint['source']} is the export of an FSDP run, whose optimizer state is "
                                   f"in {out_dir / checkpoint['sharded']}: resume it with parallelism='fsdp' under torchrun")
     saved = checkpoint["model_args"]
+    if (checkpoint.get("config") or {}).get("init_from") in PRETRAINED_GPT2:
+        # fine-tuned from OpenAI's weights: the model has their shape, not the config's, except for
+        # what the config chose for it
+        model_args = {**saved, **{k: model_args[k] for k in ("attention", "block_size", "dropout")}}
     mismatched = {k: (saved.get(k), v) for k, v in model_args.items() if saved.get(k) != v}
     if mismatched:
         details = ", ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, (a, b) in mismatched.items())

@@ -11,12 +11,14 @@ model.GPTConfig, which also checks their values.
 
 import ast
 import difflib
+import importlib.util
 import math
 from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple
 
-from model import ATTENTION_VARIANTS, MLPS, NORMS, POSITIONS, PRETRAINED_GPT2, GPTConfig, check_pretrained_attention
+from model import (ATTENTION_VARIANTS, GPT2_CONTEXT, MLPS, NORMS, POSITIONS, PRETRAINED_GPT2, GPTConfig,
+                   check_pretrained_attention)
 from runtime import DTYPES, resolve_device_and_dtype
 
 
@@ -40,7 +42,7 @@ SETTINGS = {
     "eval_interval": Setting(2000, "evaluate (and checkpoint) every this many iterations, and at the end"),
     "log_interval": Setting(1, "print and log the training loss every this many iterations"),
     "eval_iters": Setting(200, "batches per split for each loss estimate"),
-    "eval_only": Setting(False, "evaluate once and exit"),
+    "eval_only": Setting(False, "evaluate init_from's model once and exit, leaving out_dir's files as they are"),
     "always_save_checkpoint": Setting(True, "checkpoint at every evaluation; False: only when val loss improves "
                                             "(and on SIGINT/SIGTERM)"),
     "init_from": Setting("scratch", "'resume' continues out_dir's checkpoint (give the same config again); "
@@ -206,7 +208,10 @@ def resolve_config(config):
     def bad(key, problem):
         return ConfigError(f"config key {key!r}={c[key]!r}: {problem}")
 
-    for key in ("batch_size", "gradient_accumulation_steps", "log_interval", "eval_interval", "eval_iters"):
+    if not c["out_dir"]:
+        raise bad("out_dir", "name a folder (it is created if missing)")
+    for key in ("batch_size", "gradient_accumulation_steps", "log_interval", "eval_interval", "eval_iters",
+                "hellaswag_batch_size"):
         if c[key] < 1:
             raise bad(key, "must be at least 1")
     for key in ("max_iters", "warmup_iters", "lr_decay_iters", "num_threads", "hellaswag_interval",
@@ -216,6 +221,9 @@ def resolve_config(config):
     for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
         if c[key] < 0 or not math.isfinite(c[key]):
             raise bad(key, "must be a finite non-negative number")
+    for key in ("beta1", "beta2"):
+        if not 0 <= c[key] < 1:
+            raise bad(key, "must be in [0, 1)")
     for key, setting in SETTINGS.items():
         if setting.choices and key not in MODEL_ARG_KEYS and c[key] not in setting.choices:
             raise bad(key, f"choose one of {', '.join(map(repr, setting.choices))}")
@@ -223,9 +231,14 @@ def resolve_config(config):
     if peak != "auto" and not (isinstance(peak, float) and math.isfinite(peak) and peak > 0):
         raise bad("peak_flops", "must be 'auto' or a positive number of FLOP/s, e.g. 989e12")
     try:  # where this process would run, and in what precision
-        _, dtype = resolve_device_and_dtype(c["device"], c["dtype"])
+        device, dtype = resolve_device_and_dtype(c["device"], c["dtype"])
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if c["backend"] == "nccl" and not device.startswith("cuda"):
+        raise bad("backend", f"NCCL runs on CUDA GPUs only, and device resolves to {device!r} here: use "
+                  f"backend='gloo' (or 'auto')")
+    if c["wandb_log"] and importlib.util.find_spec("wandb") is None:
+        raise bad("wandb_log", "wandb is not installed: pip install wandb, or set wandb_log=False")
     if c["parallelism"] == "fsdp" and dtype == "float16":
         raise bad("dtype", "resolves to float16 here, which FSDP does not train in (no fp16 loss scaling of "
                   "sharded gradients): set dtype='bfloat16' or 'float32'")
@@ -247,5 +260,8 @@ def _check_model(c):
         GPTConfig(**{k: c[k] for k in MODEL_ARG_KEYS if k != "vocab_size"})
         if c["init_from"] in PRETRAINED_GPT2:
             check_pretrained_attention(c["attention"])
+            if c["block_size"] > GPT2_CONTEXT:
+                raise ValueError(f"block_size={c['block_size']}: OpenAI's GPT-2 weights have a context of "
+                                 f"{GPT2_CONTEXT} tokens, so fine-tune them at block_size <= {GPT2_CONTEXT}")
     except ValueError as e:
         raise ConfigError(str(e)) from None

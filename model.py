@@ -307,6 +307,7 @@ ATTENTION_CLASSES = {
 }
 ATTENTION_VARIANTS = ("standard", "optimized", "efficient", "super")  # the paper's four
 PRETRAINED_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # 124M, 350M, 774M, 1558M
+GPT2_CONTEXT = 1024  # the block_size of all four
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")

@@ -87,11 +87,11 @@ def write_summary(run):
         "out_dir": str(run.out_dir),
         "dataset": str(run.data_dir),
     }
-    if run.master:
+    if run.master and run.stop_reason != "eval_only":  # an evaluation alone leaves the run's summary be
         write_text_atomic(run.out_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
-        final = summary["final_val_loss"]
-        run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_s']:.1f}s, final val loss "
-                f"{final if final is None else round(final, 4)}")
+    final = summary["final_val_loss"]
+    run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_s']:.1f}s, final val loss "
+            f"{final if final is None else round(final, 4)}")
     if run.log.wandb is not None:
         run.log.wandb.finish()
     return summary

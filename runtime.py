@@ -30,6 +30,7 @@ PEAK_BF16_FLOPS = (
     ("A10G", 70e12),  # AWS G5 documentation: an A10 variant
     ("A10", 125e12),  # A10 datasheet
     ("L40S", 362e12),  # L40S datasheet
+    ("L40", 181e12),  # L40 datasheet (before "L4", which its name contains)
     ("L4", 121e12),  # L4 datasheet
     ("RTX 4090", 165e12),  # Ada GeForce whitepaper, bf16 with fp32 accumulate (what torch uses)
     ("RTX 3090", 71e12),  # Ampere GeForce whitepaper, bf16 with fp32 accumulate
@@ -58,7 +59,8 @@ def resolve_dtype(dtype, device):
     if dtype == "auto":
         if torch.device(device).type != "cuda":
             return "float32"
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        # not bf16 that the GPU only emulates (V100, T4: slow), which torch counts by default
+        return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: choose 'auto' or one of {', '.join(DTYPES)}")
     return dtype

@@ -140,9 +140,12 @@ def train(config, verbose=True):
         checkpoint = None
         if c["init_from"] == "resume":
             checkpoint = load_resume_checkpoint(out_dir, model_args, sharded=ddp and c["parallelism"] == "fsdp")
+            model_args = {key: checkpoint["model_args"][key] for key in model_args}  # a GPT-2 fine-tune's are OpenAI's
     except (DataError, CheckpointError) as e:
         raise type(e)(f"{e}{resume_hint(out_dir, c)}") from None
-    if checkpoint is not None and checkpoint["iter_num"] >= c["max_iters"] and not c["eval_only"]:
+    # a run stopped by a signal in its last iteration has trained it all but still owes its final evaluation
+    finished = checkpoint is not None and checkpoint["iter_num"] >= c["max_iters"] and checkpoint.get("evaluated", True)
+    if finished and not c["eval_only"]:
         return nothing_to_train(out_dir, checkpoint["iter_num"], c, verbose and rank == 0)
 
     run = Run(c=c, out_dir=out_dir, data_dir=data_dir, meta=meta, model_args=model_args, device=device, dtype=dtype,
@@ -272,10 +275,12 @@ def restore(run, checkpoint):
     run.evaluated_at_start = checkpoint.get("evaluated", True)
     rng, rank = checkpoint["rng"], run.rank
     run.generator.set_state(rng["batches"])
-    torch.set_rng_state(rng["torch"][rank] if rank < len(rng["torch"]) else rng["torch"][0])
-    if run.device.startswith("cuda") and rng.get("cuda"):
-        states = rng["cuda"]
-        torch.cuda.set_rng_state(states[rank] if rank < len(states) else states[0], run.device)
+    # dropout: a rank the checkpoint has no state for (it was saved by fewer processes) keeps the
+    # stream build_model seeded it with, so that no two ranks draw the same masks
+    if rank < len(rng["torch"]):
+        torch.set_rng_state(rng["torch"][rank])
+    if run.device.startswith("cuda") and rank < len(rng.get("cuda") or ()):
+        torch.cuda.set_rng_state(rng["cuda"][rank], run.device)
     run.say(f"resuming from {checkpoint['source']} at iteration {run.iter_num} (best val loss {run.best_val_loss:.4f})")
 
 
@@ -289,12 +294,13 @@ def open_logs(run):
 
         wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
                                resume="allow" if resuming else None)
-    if resuming and run.master:
+    if resuming and run.master and not c["eval_only"]:
         dropped = trim_log(run.out_dir / "log.jsonl", run.start_iter)
         if dropped:
             run.say(f"dropped {dropped} record(s) past iteration {run.start_iter} from log.jsonl: steps after the "
                     f"checkpoint, which this run does again")
-    run.log = RunLog(run.out_dir, append=resuming, enabled=run.master, wandb_run=wandb_run)
+    # eval_only leaves the out_dir's log and summary as the training run wrote them
+    run.log = RunLog(run.out_dir, append=resuming, enabled=run.master and not c["eval_only"], wandb_run=wandb_run)
     if c["hellaswag_interval"] and run.master:
         try:
             import eval_hellaswag
@@ -390,7 +396,8 @@ def estimate_loss(run):  # inference tensors cannot be written outside inference
     for split, batches in (("train", run.train_batches), ("val", run.val_batches)):
         g = torch.Generator().manual_seed(run.c["seed"] + 1)
         ix = batches.offsets(run.c["eval_iters"], g)[run.rank::run.world_size]  # this rank's share
-        total = torch.zeros(2, dtype=torch.float64, device=run.device)
+        no_float64 = torch.device(run.device).type == "mps"
+        total = torch.zeros(2, dtype=torch.float32 if no_float64 else torch.float64, device=run.device)
         for k in range(0, len(ix), run.eval_group):
             group = ix[k:k + run.eval_group]
             x, y = batches.get(group.reshape(-1))
@@ -417,7 +424,10 @@ def evaluate(run):
     improved = losses["val"] < run.best_val_loss
     if improved:
         run.best_val_loss = losses["val"]
-    if run.iter_num > run.start_iter and (improved or run.c["always_save_checkpoint"]):
+    # a resume from a signal's checkpoint, written before this evaluation, saves it again as evaluated,
+    # so that the next resume neither skips nor repeats the evaluation
+    owed = run.iter_num == run.start_iter > 0 and not run.evaluated_at_start and not run.c["eval_only"]
+    if owed or (run.iter_num > run.start_iter and (improved or run.c["always_save_checkpoint"])):
         save(run, "evaluation", evaluated=True)
 
 

@@ -14,6 +14,7 @@ from runtime import autocast_context, gpu_peak_flops, peak_flops, resolve_device
     ("NVIDIA A100 80GB PCIe", 312e12),
     ("NVIDIA A10G", 70e12),
     ("NVIDIA L40S", 362e12),  # not the L4's peak, though "L4" is in its name
+    ("NVIDIA L40", 181e12),  # nor this one
     ("NVIDIA L4", 121e12),
     ("NVIDIA GeForce RTX 4090", 165e12),
 ])
@@ -39,10 +40,11 @@ def test_auto_device_and_dtype_on_a_machine_without_cuda(monkeypatch):
         resolve_dtype("fp8", "cpu")
 
 
-def test_auto_dtype_on_a_gpu_is_bfloat16_where_supported(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+def test_auto_dtype_on_a_gpu_is_bfloat16_where_the_gpu_has_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # Ampere on
     assert resolve_dtype("auto", "cuda:0") == "bfloat16"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    # V100 / T4: torch emulates bf16 there (slowly) and says so only when emulation is left out
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     assert resolve_dtype("auto", "cuda") == "float16"
 
 

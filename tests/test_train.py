@@ -21,6 +21,7 @@ from conftest import REPO, VARIANTS
 from faults import nan_after_step
 from model import GPT
 from prepare_char import prepare
+from tokenizer import write_meta
 
 TEXT = "".join(
     random.Random(0).choice(["the cat sat. ", "a dog ran! ", "\n", "to be or not to be? ", "ok, "])
@@ -155,6 +156,45 @@ def test_init_from_gpt2_with_other_attention_is_a_clear_error(tmp_path, data_dir
         T.train(tiny(tmp_path, data_dir, init_from="gpt2", attention="efficient"))
 
 
+@pytest.mark.parametrize("override, words", [
+    ({"beta2": 1.5}, ["'beta2'=1.5", "[0, 1)"]),
+    ({"beta1": -0.1}, ["'beta1'=-0.1", "[0, 1)"]),
+    ({"hellaswag_batch_size": 0}, ["'hellaswag_batch_size'=0", "at least 1"]),
+    ({"out_dir": ""}, ["'out_dir'=''", "name a folder"]),
+    ({"backend": "nccl", "device": "cpu"}, ["'backend'='nccl'", "CUDA GPUs only", "'gloo'"]),
+    ({"init_from": "gpt2", "block_size": 2048}, ["block_size=2048", "context of 1024 tokens"]),
+])
+def test_values_torch_would_refuse_later_are_refused_before_training(override, words, tmp_path, data_dir):
+    with pytest.raises(T.ConfigError) as err:
+        T.train(tiny(tmp_path, data_dir, **override))
+    for word in words:
+        assert word in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_wandb_log_without_wandb_installed_is_a_config_error(tmp_path, data_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what find_spec sees where it is not installed
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *args: None)
+    with pytest.raises(T.ConfigError, match="wandb is not installed: pip install wandb"):
+        T.train(tiny(tmp_path, data_dir, wandb_log=True))
+
+
+@pytest.mark.parametrize("make", ["file", "read-only parent"])
+def test_an_out_dir_that_cannot_be_a_folder_is_one_error_line(make, tmp_path, data_dir, capsys):
+    if make == "file":
+        out_dir = tmp_path / "README.md"
+        out_dir.write_text("not a folder\n")
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        parent = tmp_path / "locked"
+        parent.mkdir(mode=0o500)
+        out_dir = parent / "out"
+    assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, out_dir=str(out_dir)).items()]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: out_dir {out_dir} cannot be used as a folder") and err.count("\n") == 1
+
+
 # -----------------------------------------------------------------------------
 # data errors, all before any training starts
 
@@ -282,6 +322,43 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_train_and_changes_noth
     assert "nothing to train: the checkpoint in" in capsys.readouterr().out
     assert summary["iterations"] == 4 and summary["final_val_loss"] is not None
     assert {name: (out / name).read_bytes() for name in before} == before
+
+
+@pytest.mark.parametrize("init_from", ["resume", "scratch"])
+def test_eval_only_reports_the_losses_and_leaves_the_out_dir_as_it_was(init_from, tmp_path, data_dir, capsys):
+    cfg = tiny(tmp_path, data_dir, max_iters=4)
+    trained = T.train(cfg, verbose=False)
+    out = tmp_path / "out"
+    before = {name: (out / name).read_bytes() for name in (CHECKPOINT_NAME, "summary.json", "log.jsonl")}
+    summary = T.train({**cfg, "init_from": init_from, "eval_only": True})
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert summary["stop_reason"] == "eval_only" and summary["iterations_this_run"] == 0
+    if init_from == "resume":  # the checkpoint's weights, evaluated on the same batches as at its end
+        assert summary["final_val_loss"] == pytest.approx(trained["final_val_loss"], rel=1e-6)
+        assert "step 4: train loss" in capsys.readouterr().out
+
+
+def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, monkeypatch):
+    """init_from='gpt2' takes the model's shape from OpenAI's weights, not from the config, so the same
+    command with init_from='resume' must resume it (a small random GPT-2 stands in for the download)."""
+    transformers = pytest.importorskip("transformers", reason="init_from='gpt2' needs transformers")
+    torch.manual_seed(0)
+    hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", classmethod(lambda cls, name: hf_model))
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 4000), ("val", 1000)):
+        rng.integers(0, 50257, n).astype(np.uint16).tofile(data / f"{split}.bin")
+    write_meta(data, {"tokenizer": "gpt2", "vocab_size": 50257, "tokens": {"train": 4000, "val": 1000}})
+    cfg = tiny(tmp_path, data, init_from="gpt2", bias=False, max_iters=2, eval_interval=2, warmup_iters=0,
+               lr_decay_iters=4)  # bias and vocab_size as the defaults leave them: GPT-2's differ
+    T.train(cfg, verbose=False)
+    summary = T.train({**cfg, "init_from": "resume", "max_iters": 4}, verbose=False)
+    assert summary["iterations"] == 4 and summary["iterations_this_run"] == 2
+    assert summary["model_args"]["vocab_size"] == 50257 and summary["model_args"]["gelu_approximate"] == "tanh"
+    with pytest.raises(CheckpointError, match="dropout: checkpoint 0.0, requested 0.1"):
+        T.train({**cfg, "init_from": "resume", "max_iters": 6, "dropout": 0.1}, verbose=False)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
@@ -718,7 +795,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_dir):
 
 
 def send_signal_during_iteration(monkeypatch, iteration, sig=signal.SIGINT):
-    """Deliver `sig` during the forward pass of iteration `iteration` (0-based, one micro-step each)."""
+    """Deliver `sig` during the forward pass of the run's iteration `iteration` (0-based, counted from
+    where the run starts, one micro-step each); sig=None: die there, as a SIGKILL would stop it."""
     real_forward = GPT.forward
     calls = {"train": 0}
 
@@ -726,6 +804,8 @@ def send_signal_during_iteration(monkeypatch, iteration, sig=signal.SIGINT):
         if self.training and targets is not None:
             calls["train"] += 1
             if calls["train"] == iteration + 1:
+                if sig is None:
+                    raise KeyboardInterrupt
                 os.kill(os.getpid(), sig)
         return real_forward(self, idx, targets, **kwargs)
 
@@ -743,6 +823,34 @@ def test_resume_from_a_signal_on_an_evaluation_boundary_still_evaluates(tmp_path
     monkeypatch.undo()
     T.train(tiny(tmp_path, data_dir, max_iters=8, eval_interval=4, init_from="resume"), verbose=False)
     assert log_records(tmp_path / "out", "eval") == [0, 4, 8]
+
+
+def test_a_signal_in_the_last_iteration_leaves_the_final_evaluation_to_the_resume(tmp_path, data_dir, monkeypatch):
+    cfg = tiny(tmp_path, data_dir, max_iters=8, eval_interval=4)
+    send_signal_during_iteration(monkeypatch, 7)  # stops at iter_num 8 = max_iters, before the final evaluation
+    assert T.train(cfg, verbose=False)["stop_reason"] == "SIGINT"
+    monkeypatch.undo()
+    summary = T.train({**cfg, "init_from": "resume"}, verbose=False)
+    assert summary["stop_reason"] == "max_iters" and summary["final_val_loss"] is not None
+    assert log_records(tmp_path / "out", "eval") == [0, 4, 8]
+    assert load_checkpoint(tmp_path / "out")["evaluated"]  # so that a third run has nothing to do
+    T.train({**cfg, "init_from": "resume"}, verbose=False)
+    assert log_records(tmp_path / "out", "eval") == [0, 4, 8]
+
+
+def test_the_evaluation_a_resume_owed_is_saved_before_it_trains_on(tmp_path, data_dir, monkeypatch):
+    cfg = tiny(tmp_path, data_dir, max_iters=8, eval_interval=4, always_save_checkpoint=False)
+    send_signal_during_iteration(monkeypatch, 3)  # stops at 4, before iteration 4's evaluation
+    T.train(cfg, verbose=False)
+    monkeypatch.undo()
+    send_signal_during_iteration(monkeypatch, 1, sig=None)  # the resumed run dies in iteration 5
+    with pytest.raises(KeyboardInterrupt):
+        T.train({**cfg, "init_from": "resume"}, verbose=False)
+    ckpt = load_checkpoint(tmp_path / "out")
+    assert ckpt["iter_num"] == 4 and ckpt["evaluated"]
+    monkeypatch.undo()
+    T.train({**cfg, "init_from": "resume"}, verbose=False)
+    assert log_records(tmp_path / "out", "eval") == [0, 4, 8]  # iteration 4's evaluation once
 
 
 def test_resume_after_an_evaluation_does_not_repeat_it(tmp_path, data_dir):
