@@ -8,6 +8,7 @@ refilled from the new window: cached generation gives exactly the uncached token
 """
 import contextlib
 import functools
+import math
 import weakref
 
 import torch
@@ -17,9 +18,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 def check_sampling(temperature=1.0, top_k=None, max_new_tokens=0, use_kv_cache=True, compile=False):
     """A ValueError saying which sampling argument is wrong and how to fix it; sample.py relies on it too."""
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be positive (use top_k=1 for greedy decoding)")
-    if top_k is not None and top_k < 1:
+    if not (temperature > 0 and math.isfinite(temperature)):  # nan and inf too: no distribution to sample
+        raise ValueError(f"temperature={temperature} must be a positive number (use top_k=1 for greedy decoding)")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k={top_k} must be at least 1, or None (on the command line 0) for no cut")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 0")

@@ -60,12 +60,12 @@ class GPTConfig:
                               ("norm", NORMS), ("pos", POSITIONS), ("mlp", MLPS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name}={getattr(self, name)!r}; choose one of {', '.join(choices)}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: each head takes "
-                             f"n_embd / n_head columns, so pick n_head among the divisors of n_embd")
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: each head takes "
+                             f"n_embd / n_head columns, so pick n_head among the divisors of n_embd")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
         self._check_llama_options()
@@ -291,8 +291,8 @@ class SuperAttention(EfficientAttention):
 
     def crop_block_size(self, block_size):
         self.block_size = block_size
-        self.align_weight = nn.Parameter(self.align_weight[:block_size, :block_size])
-        self.align_bias = nn.Parameter(self.align_bias[:block_size])
+        self.align_weight = nn.Parameter(self.align_weight[:block_size, :block_size].clone())
+        self.align_bias = nn.Parameter(self.align_bias[:block_size].clone())
 
     def flops_per_token(self, seq_len):
         return super().flops_per_token(seq_len) + 2 * seq_len * self.n_embd  # W^A V
@@ -362,6 +362,22 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x), cache, rope)
         x = x + self.mlp(self.ln_2(x))
         return x
+
+
+def gpt2_config(hf, model_type, override_args):
+    """Our GPTConfig for a Hugging Face GPT2Config (from the hub or a local folder), or a ValueError
+    naming a setting of it this model does not have, rather than weights that load but compute
+    something else."""
+    supported = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
+                 "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,)}
+    for name, choices in supported.items():
+        value = getattr(hf, name, choices[0])
+        if value not in choices:
+            raise ValueError(f"{model_type}: its {name}={value!r} is not GPT-2's ({choices[0]!r}), the only one "
+                             f"this model computes")
+    return GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
+                     n_embd=hf.n_embd, bias=True, gelu_approximate="tanh", intermediate_size=hf.n_inner or 0,
+                     tie_embeddings=getattr(hf, "tie_word_embeddings", True), **override_args)
 
 
 def check_pretrained_attention(attention):
@@ -458,7 +474,8 @@ class GPT(nn.Module):
             raise ValueError(f"crop_block_size({block_size}): must be in 1..{self.config.block_size}")
         self.config.block_size = block_size
         if "wpe" in self.transformer:  # RoPE has no table: its angles are computed for any position
-            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+            # a copy, not a view, so that the full table's memory is freed (and never saved)
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].clone())
         for block in self.transformer.h:
             block.attn.crop_block_size(block_size)
 
@@ -487,13 +504,11 @@ class GPT(nn.Module):
                 f"use, so a network is needed once (or set HF_HOME to a cache that holds them). Cause: {e}"
             ) from e
 
-        hf = hf_model.config
-        config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer,
-                           n_head=hf.n_head, n_embd=hf.n_embd, bias=True, gelu_approximate="tanh", **override_args)
-        model = cls(config)
+        model = cls(gpt2_config(hf_model.config, model_type, override_args))
         ours = model.state_dict()
         # HF's GPT-2 stores these Linear weights as Conv1D, i.e. transposed
         transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        filled = set()
         for key, value in hf_model.state_dict().items():
             if key.endswith((".attn.masked_bias", ".attn.bias")):
                 continue  # causal-mask buffers in older checkpoints, not weights
@@ -501,6 +516,9 @@ class GPT(nn.Module):
                 value = value.t()
             with torch.no_grad():
                 ours[key].copy_(value)
+            filled.add(key)
+        if set(ours) - filled:
+            raise ValueError(f"{model_type} holds no {sorted(set(ours) - filled)[:3]}: not a GPT-2 checkpoint")
         return model
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):

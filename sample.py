@@ -97,7 +97,8 @@ def parse_args(argv=None):
     p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context at every step (slower)")
     p.add_argument("--compile", action="store_true",
                    help="decode through torch.compile with a fixed-shape cache (CUDA graphs on a GPU); compiling "
-                        "takes a while, so it pays for long generations")
+                        "takes a while, so it pays for long generations that stay within block_size (past it, "
+                        "each step refills the cache eagerly)")
     return p.parse_args(argv)
 
 

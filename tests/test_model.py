@@ -234,6 +234,8 @@ def test_crop_block_size_keeps_short_sequences_unchanged(attention, options):
     if attention == "super":
         assert model.transformer.h[0].attn.align_weight.shape == (8, 8)
         assert model.transformer.h[0].attn.align_bias.shape == (8,)
+    for name, p in model.named_parameters():  # copies: the full-size tables are freed, and never saved
+        assert p.untyped_storage().nbytes() == p.numel() * p.element_size(), name
     with pytest.raises(ValueError, match="block_size is 8"):
         model(random_tokens(1, 9))
 
@@ -307,8 +309,11 @@ def test_compiled_generation_equals_eager(attention, options):
 
 
 @pytest.mark.parametrize("arguments, match", [
-    (dict(temperature=0), "temperature=0 must be positive"),
+    (dict(temperature=0), "temperature=0 must be a positive number"),
+    (dict(temperature=float("nan")), "temperature=nan must be a positive number"),
+    (dict(temperature=float("inf")), "temperature=inf must be a positive number"),
     (dict(top_k=0), "top_k=0 must be at least 1"),
+    (dict(top_k=2.5), "top_k=2.5 must be"),
     (dict(max_new_tokens=-1), "max_new_tokens=-1"),
     (dict(use_kv_cache=False, compile=True), "use_kv_cache=True"),
 ])
@@ -359,6 +364,8 @@ def test_config_errors_name_the_valid_choices():
         GPTConfig(attention="fast")
     with pytest.raises(ValueError, match="not divisible by n_head"):
         GPTConfig(n_embd=100, n_head=12)
+    with pytest.raises(ValueError, match="n_head=0 must be a positive integer"):
+        GPTConfig(n_head=0)
 
 
 def test_too_long_sequence_names_the_limit():
@@ -375,13 +382,17 @@ def test_from_pretrained_refuses_other_variants():
 
 
 @pytest.mark.slow
-def test_from_pretrained_reproduces_a_hugging_face_gpt2(tmp_path):
+@pytest.mark.parametrize("options", [{}, {"tie_word_embeddings": False}, {"n_inner": 100}], ids=str)
+def test_from_pretrained_reproduces_a_hugging_face_gpt2(options, tmp_path):
     """A small random GPT-2 saved the way the hub stores them loads into our standard model with the
-    same logits (the real gpt2 weights need a network, so this checks the conversion offline)."""
+    same logits (the real gpt2 weights need a network, so this checks the conversion offline); a local
+    folder may also hold an untied head or another MLP width."""
     transformers = pytest.importorskip("transformers", reason="from_pretrained needs transformers (in requirements.txt)")
-    hf_config = transformers.GPT2Config(n_positions=32, n_embd=48, n_layer=2, n_head=4, vocab_size=97)
+    hf_config = transformers.GPT2Config(n_positions=32, n_embd=48, n_layer=2, n_head=4, vocab_size=97, **options)
     torch.manual_seed(0)
     hf_model = transformers.GPT2LMHeadModel(hf_config).eval()
+    if not hf_config.tie_word_embeddings:
+        torch.nn.init.normal_(hf_model.lm_head.weight)  # not a copy of the embedding
     hf_model.save_pretrained(tmp_path)
     model = GPT.from_pretrained(str(tmp_path)).eval()
     assert model.config.block_size == 32 and model.config.vocab_size == 97 and model.config.attention == "standard"
@@ -390,3 +401,14 @@ def test_from_pretrained_reproduces_a_hugging_face_gpt2(tmp_path):
         ours, _ = model(idx, all_logits=True)
         theirs = hf_model(idx).logits
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting, value", [("activation_function", "relu"), ("layer_norm_epsilon", 1e-6),
+                                            ("scale_attn_by_inverse_layer_idx", True)])
+def test_from_pretrained_refuses_a_gpt2_that_computes_something_else(setting, value, tmp_path):
+    transformers = pytest.importorskip("transformers", reason="from_pretrained needs transformers (in requirements.txt)")
+    hf_config = transformers.GPT2Config(n_positions=32, n_embd=48, n_layer=2, n_head=4, vocab_size=97, **{setting: value})
+    transformers.GPT2LMHeadModel(hf_config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"its {setting}={value!r} is not GPT-2's"):
+        GPT.from_pretrained(str(tmp_path))
