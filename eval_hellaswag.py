@@ -38,6 +38,7 @@ block_size tokens only; such endings are counted in n_endings_truncated.
 """
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -94,7 +95,8 @@ def download_hellaswag(cache_dir=DEFAULT_CACHE_DIR, url=HELLASWAG_URL, timeout=6
             )
         with atomic_file(path, "wb") as f:
             f.write(data)
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
+    # HTTPException: a connection dropped mid-download (IncompleteRead), which is no OSError
+    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
         raise HellaSwagError(
             f"could not download HellaSwag from {url} ({type(e).__name__}: {e}). Without network, fetch "
             f"that file on another machine and pass it with --data_file path/to/{HELLASWAG_FILENAME} "
@@ -116,10 +118,10 @@ def _check_example(example):
     if not (isinstance(endings, list) and len(endings) == NUM_ENDINGS and all(isinstance(e, str) for e in endings)):
         return f'"endings" must be a list of {NUM_ENDINGS} strings'
     label = example.get("label")
-    try:
-        label = int(label)  # the official file has ints; other copies sometimes strings
-    except (TypeError, ValueError):
+    # the official file has ints; other copies sometimes strings. int() would also take 1.7 (as 1) and True
+    if not (type(label) is int or isinstance(label, str) and re.fullmatch(r"[0-9]+", label)):
         return f'"label" must be an integer 0..{NUM_ENDINGS - 1}, got {label!r}'
+    label = int(label)
     if not 0 <= label < NUM_ENDINGS:
         return f'"label" must be in 0..{NUM_ENDINGS - 1}, got {label}'
     return None
@@ -132,29 +134,38 @@ def load_examples(path, limit=None):
     path = Path(path)
     if limit is not None and limit < 1:
         raise HellaSwagError(f"limit={limit} must be at least 1 (or None for every example)")
+    if path.is_dir():
+        raise HellaSwagError(f"HellaSwag data file {path} is a folder: pass the .jsonl file in it")
     if not path.is_file():
         raise HellaSwagError(f"HellaSwag data file {path} does not exist")
     examples = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # bytes: each line is decoded on its own, so a bad byte is found on its line
         for line_number, line in enumerate(f, start=1):
             if limit is not None and len(examples) >= limit:
                 break
-            if not line.strip():
-                continue
-            try:
-                example = json.loads(line)
-            except json.JSONDecodeError as e:
-                problem = e.msg.removesuffix(" at")  # json's "Invalid control character at", its column said before
-                raise HellaSwagError(f"{path}, line {line_number}, column {e.colno}: not valid JSON: {problem}") from None
-            problem = _check_example(example)
-            if problem:
-                raise HellaSwagError(f"{path}, line {line_number}: not a HellaSwag example: {problem}")
-            example["label"] = int(example["label"])
-            example["_line"] = line_number
-            examples.append(example)
+            if line.strip():
+                examples.append(_parse_example(line, path, line_number))
     if not examples:
         raise HellaSwagError(f"{path} holds no examples")
     return examples
+
+
+def _parse_example(line, path, line_number):
+    """The checked example on one line (bytes) of a HellaSwag file; HellaSwagError naming the line if not one."""
+    try:
+        example = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise HellaSwagError(f"{path}, line {line_number}: not UTF-8 text: byte 0x{line[e.start]:02x} at offset "
+                             f"{e.start} of the line is not valid UTF-8") from None
+    except json.JSONDecodeError as e:
+        problem = e.msg.removesuffix(" at")  # json's "Invalid control character at", its column said before
+        raise HellaSwagError(f"{path}, line {line_number}, column {e.colno}: not valid JSON: {problem}") from None
+    problem = _check_example(example)
+    if problem:
+        raise HellaSwagError(f"{path}, line {line_number}: not a HellaSwag example: {problem}")
+    example["label"] = int(example["label"])
+    example["_line"] = line_number
+    return example
 
 
 def examples_for_training(path, limit, meta, say):

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from atomic import write_text_atomic
-from tokenizer import CharTokenizer, PrepareError, char_fingerprint, write_meta, write_tokens_atomically
+from tokenizer import META_FILENAME, CharTokenizer, PrepareError, char_fingerprint, write_meta, write_tokens_atomically
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_OUT = {"shakespeare": "data/shakespeare_char", "stdlib": "data/stdlib_char"}
@@ -65,6 +65,8 @@ def stdlib_files(root=None):
 
 
 def stdlib_corpus(root=None, max_chars=0):
+    if max_chars < 0:  # text[:-n] would silently drop the end instead
+        raise PrepareError(f"--max_chars must be 0 (every character) or more, got {max_chars}")
     files = stdlib_files(root)
     if not files:
         raise PrepareError(f"found no .py files under {root or sysconfig.get_paths()['stdlib']}")
@@ -100,6 +102,7 @@ def prepare(text, out_dir, source):
     split = int(n * TRAIN_FRACTION)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / META_FILENAME).unlink(missing_ok=True)  # a meta.json marks a complete dataset: it goes until the end
     train_ids, val_ids = encode(text[:split], tokenizer), encode(text[split:], tokenizer)
     write_tokens_atomically(out_dir / "train.bin", train_ids)
     write_tokens_atomically(out_dir / "val.bin", val_ids)
@@ -119,6 +122,8 @@ def prepare(text, out_dir, source):
 def read_text_file(path):
     """The text of a local UTF-8 file, line ends made "\\n" as text-mode reading does."""
     path = Path(path)
+    if path.is_dir():
+        raise PrepareError(f"--input={path} is a folder: pass a text file")
     if not path.is_file():
         raise PrepareError(f"--input={path}: no such file")
     try:

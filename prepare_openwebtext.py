@@ -13,7 +13,9 @@ Prepare OpenWebText, C4 (or any text corpus) for training: GPT-2 BPE token ids i
     .txt             in a folder, each FILE is one document (its newlines kept, \\r\\n read as \\n);
                      a single .txt file is cut into documents at its blank lines
     (.jsonl, .json and .txt may be gzipped: .jsonl.gz, as C4's own files are)
-A folder is searched recursively and must hold files of one kind.
+A folder is searched recursively and must hold files of one kind. Files with a split's name as a word of
+their path (train.jsonl, c4-validation.00000-of-00008.json.gz, test/...) go by it: if any is named for
+--split, those are the train files; files named for another split are never trained on (--val_split's are val).
 
 Offline: local files need no network, but the GPT-2 BPE does, unless TIKTOKEN_CACHE_DIR names a folder
 holding tiktoken's cached r50k_base file (docs/data.md says how to make one on a machine with network).
@@ -35,9 +37,10 @@ import math
 import os
 import re
 import sys
+import tempfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -74,6 +77,9 @@ PRESETS = {
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 COMPRESSED = ".gz"  # datasets decompresses it on the fly, streaming or not
 BATCH_DOCS = 1024  # documents read, routed and tokenized as one unit: ~0.5M tokens of C4, ~1.2M of OpenWebText
+# the words that name a split in a file name, as the hub's datasets name them (what `datasets` reads too)
+SPLIT_KEYWORDS = (("train", "training"), ("validation", "valid", "dev", "val"), ("test", "testing", "eval", "evaluation"))
+SPLIT_NAMES = [word for words in SPLIT_KEYWORDS for word in words]
 
 
 # -----------------------------------------------------------------------------
@@ -127,6 +133,29 @@ def check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split
     if split_budgets(max_tokens, val_fraction)["val"] < 1:
         raise PrepareError(f"--max_tokens {max_tokens} with --val_fraction {val_fraction} leaves val.bin no "
                            f"token (it gets floor(max_tokens * val_fraction)): raise one of them")
+
+
+@contextmanager
+def writing_to(out_dir):
+    """OSErrors in the block (a full disk, no permission, a file in the way) become one PrepareError."""
+    try:
+        yield
+    except OSError as err:
+        reason = f"{err.strerror}: {err.filename}" if err.strerror and err.filename else err.strerror or err
+        raise PrepareError(f"cannot write the dataset to {out_dir}: {reason}") from err
+
+
+def check_out_dir(out_dir):
+    """Raise PrepareError unless out_dir is, or can be made, a folder to write in: before the corpus is
+    loaded (hours for OpenWebText), not after. Nothing is created, so bad input found later leaves no folder."""
+    with writing_to(out_dir):
+        existing = out_dir.absolute()
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise PrepareError(f"cannot write the dataset to {out_dir}: {existing} is a file, not a folder "
+                               f"(choose another --out_dir)")
+        tempfile.TemporaryFile(dir=existing).close()  # no permission, a read-only disk: an OSError now
 
 
 def token_count(text):
@@ -191,20 +220,49 @@ def local_files(path):
     return builders.pop(), files
 
 
+def split_words(split):
+    """The words that name split in a file name: its own, or all of datasets' names for it (train, training)."""
+    return next((list(words) for words in SPLIT_KEYWORDS if split.lower() in words), [split])
+
+
 def files_by_split(path, files, split, val_split):
-    """{split: files} for load_dataset's data_files; with val_split, the files named after it go there."""
-    if val_split is None:
-        return {split: [str(p) for p in files]}
+    """({split: files} for load_dataset's data_files, {file left out: the split it is named for, or None}).
+
+    A single file is all --split. In a folder, the files named for val_split are val; the train files are
+    those named for split if there are any, else those named for no split. Files named for another split
+    (test, validation, ...: datasets' names, or val_split's other names) are never trained on.
+    """
     if not path.is_dir():
-        raise PrepareError(f"--val_split {val_split} needs a folder holding the files of both splits, "
-                           f"the val ones named after it (as C4's c4-{val_split}.00000-of-00008.json.gz), not one file")
-    val = [p for p in files if named_for_split(str(p.relative_to(path)), val_split)]
-    train = [p for p in files if p not in val]
-    if not val or not train:
-        which = "no" if not val else "every"
-        raise PrepareError(f"{path}: {which} file has {val_split!r} as a word of its name, so --val_split "
-                           f"{val_split} cannot split the folder (e.g. c4-{val_split}.00000-of-00008.json.gz for val)")
-    return {split: [str(p) for p in train], val_split: [str(p) for p in val]}
+        if val_split is not None:
+            raise PrepareError(f"--val_split {val_split} needs a folder holding the files of both splits, the val "
+                               f"ones named after it (as C4's c4-{val_split}.00000-of-00008.json.gz), not one file")
+        return {split: [str(path)]}, {}
+    train_words = split_words(split)
+    words = ([val_split] if val_split is not None else []) + train_words + SPLIT_NAMES  # the first match wins
+    named = {p: next((word for word in words if named_for_split(str(p.relative_to(path)), word)), None) for p in files}
+    val = [p for p in files if val_split is not None and named[p] == val_split]
+    train = [p for p in files if named[p] in train_words] or [p for p in files if named[p] is None]
+    if val_split is not None and not val:
+        raise PrepareError(f"{path}: no file has {val_split!r} as a word of its name, so --val_split {val_split} "
+                           f"cannot split the folder (e.g. c4-{val_split}.00000-of-00008.json.gz for val)")
+    if not train:
+        other = " or ".join(sorted({repr(named[p]) for p in files}))
+        raise PrepareError(f"{path}: no file to train on: every file has {other} as a word of its name, the name of "
+                           f"another split than --split {split}; name the train files for it (e.g. "
+                           f"c4-{split}.00000-of-01024.json.gz), or choose another --split")
+    data_files = {split: [str(p) for p in train]}
+    if val_split is not None:
+        data_files[val_split] = [str(p) for p in val]
+    return data_files, {p: named[p] for p in files if p not in train and p not in val}
+
+
+def left_out_note(path, left_out, split, shown=5):
+    """One line naming the files of a folder that no split of the run takes, and why."""
+    def why(word):
+        return f"named for split {word!r}" if word else f"named for no split, while others are named for {split!r}"
+    names = [f"{p.relative_to(path)} ({why(word)})" for p, word in itertools.islice(left_out.items(), shown)]
+    more = f", and {len(left_out) - shown} more" if len(left_out) > shown else ""
+    return f"{path}: {len(left_out)} file(s) left out of train.bin and val.bin: {', '.join(names)}{more}"
 
 
 def resolve_source(dataset, dataset_config=None, split="train", val_split=None):
@@ -220,8 +278,12 @@ def resolve_source(dataset, dataset_config=None, split="train", val_split=None):
     if dataset_config:
         raise PrepareError(f"--dataset_config {dataset_config} is for hub datasets; local files have no configs")
     builder, files = local_files(path)
-    options = {"data_files": files_by_split(path, files, split, val_split)}
-    description = f"{path} ({len(files)} {builder} file{'s' if len(files) > 1 else ''})"
+    data_files, left_out = files_by_split(path, files, split, val_split)
+    if left_out:
+        print(left_out_note(path, left_out, split))
+    options = {"data_files": data_files}
+    used = len(files) - len(left_out)
+    description = f"{path} ({used} {builder} file{'s' if used > 1 else ''})"
     if builder == "text":
         # a folder of .txt files is a corpus of one document per file; a single file is one corpus
         # of paragraphs (datasets' text builder cuts it at every "\n\n")
@@ -533,11 +595,13 @@ def prepare(dataset=DEFAULT_DATASET, out_dir=None, text_column="text", num_proc=
 
     dataset may be a preset name (PRESETS): it fills out_dir, dataset_config, streaming and val_split
     where they are None. Raises PrepareError for bad input (before anything is written, except errors
-    found later in a stream) and TokenizerUnavailableError when the GPT-2 BPE cannot be loaded.
+    found later in a stream) or an out_dir that cannot be written (checked before loading, and any OSError
+    while writing), and TokenizerUnavailableError when the GPT-2 BPE cannot be loaded.
     """
     chosen = apply_preset(dataset, out_dir, dataset_config, streaming, val_split)
     streaming, out_dir, val_split = chosen["streaming"], Path(chosen["out_dir"]), chosen["val_split"]
     check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, val_split)
+    check_out_dir(out_dir)
     source = resolve_source(chosen["dataset"], chosen["dataset_config"], split, val_split)
     gpt2_encoding()  # after the paths are checked, before anything is downloaded
     if streaming:
@@ -545,8 +609,9 @@ def prepare(dataset=DEFAULT_DATASET, out_dir=None, text_column="text", num_proc=
     else:
         sources, num_empty = loaded_sources(source, split, val_split, text_column, num_proc, val_fraction, seed,
                                             max_docs)
-    counts = write_token_files(sources, out_dir, split_budgets(max_tokens, val_fraction), num_proc,
-                               source.description, val_fraction)
+    with writing_to(out_dir):
+        counts = write_token_files(sources, out_dir, split_budgets(max_tokens, val_fraction), num_proc,
+                                   source.description, val_fraction)
     counts["empty_documents_skipped"] += num_empty
     meta = {
         "tokenizer": "gpt2",
@@ -564,7 +629,8 @@ def prepare(dataset=DEFAULT_DATASET, out_dir=None, text_column="text", num_proc=
         "max_docs": max_docs,
         "max_tokens": max_tokens,
     }
-    write_meta(out_dir, meta)
+    with writing_to(out_dir):
+        write_meta(out_dir, meta)
     return meta
 
 

@@ -141,10 +141,13 @@ class CharTokenizer:
             ) from None
 
     def decode(self, ids):
-        try:
-            return "".join(self.chars[i] for i in ids)
-        except IndexError:
-            raise ValueError(f"a token id is outside the vocabulary of {self.vocab_size} characters") from None
+        ids = list(ids)
+        # checked, not caught as an IndexError: a negative id would index chars from the end
+        outside = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if outside is not None:
+            raise ValueError(f"token id {outside} is outside the vocabulary of {self.vocab_size} characters "
+                             f"(ids 0..{self.vocab_size - 1})")
+        return "".join(self.chars[i] for i in ids)
 
 
 # -----------------------------------------------------------------------------

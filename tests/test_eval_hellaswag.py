@@ -1,5 +1,7 @@
 """eval_hellaswag.py: the three accuracies against hand computation, the log-likelihood against a
 position-by-position computation, data loading errors, and end to end from train.py checkpoints."""
+import http.client
+import io
 import json
 import math
 import os
@@ -237,7 +239,7 @@ def test_endings_longer_than_the_block_are_counted_per_example():
 
 def test_load_examples_limit_and_blank_lines(tmp_path):
     path = tmp_path / "hs.jsonl"
-    path.write_text("\n".join(json.dumps(example(SET1, i % 4)) for i in range(5)) + "\n\n")
+    path.write_text("\n".join(json.dumps(example(SET1, str(i % 4) if i % 2 else i % 4)) for i in range(5)) + "\n\n")
     assert len(eh.load_examples(path)) == 5
     examples = eh.load_examples(path, limit=2)
     assert [e["label"] for e in examples] == [0, 1] and examples[1]["_line"] == 2
@@ -247,6 +249,10 @@ def test_load_examples_limit_and_blank_lines(tmp_path):
     ("{not json", "not valid JSON"),
     (json.dumps({**example(SET1, 0), "endings": ["a", "b"]}), '"endings" must be a list of 4 strings'),
     (json.dumps({**example(SET1, 0), "label": 7}), '"label" must be in 0..3'),
+    (json.dumps({**example(SET1, 0), "label": 1.7}), '"label" must be an integer 0..3, got 1.7'),  # not 1
+    (json.dumps({**example(SET1, 0), "label": float("inf")}), '"label" must be an integer 0..3, got inf'),
+    (json.dumps({**example(SET1, 0), "label": True}), '"label" must be an integer 0..3, got True'),
+    (json.dumps({**example(SET1, 0), "label": "+1"}), '"label" must be an integer 0..3, got \'+1\''),
     (json.dumps({k: v for k, v in example(SET1, 0).items() if k != "ctx"}), 'missing "ctx"'),
     (json.dumps({**example(SET1, 0), "ctx_a": None}), '"ctx_a" must be a string'),
     ("[1, 2]", "expected a JSON object"),
@@ -256,6 +262,19 @@ def test_malformed_line_names_its_line_number(tmp_path, bad_line, message):
     path.write_text(json.dumps(example(SET1, 0)) + "\n\n" + bad_line + "\n")
     with pytest.raises(eh.HellaSwagError, match=rf"line 3(, column \d+)?: .*{re.escape(message)}"):
         eh.load_examples(path)
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    path = tmp_path / "hs.jsonl"
+    path.write_bytes(json.dumps(example(SET1, 0)).encode() + b"\n" + '{"ctx": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(eh.HellaSwagError) as raised:
+        eh.load_examples(path)
+    assert str(raised.value) == f"{path}, line 2: not UTF-8 text: byte 0xe9 at offset 12 of the line is not valid UTF-8"
+
+
+def test_a_folder_as_data_file_is_named_a_folder(tmp_path):
+    with pytest.raises(eh.HellaSwagError, match="is a folder: pass the .jsonl file in it"):
+        eh.load_examples(tmp_path)
 
 
 def test_bad_json_keeps_its_line_and_column(tmp_path):
@@ -297,6 +316,17 @@ def test_download_offline_tells_to_pass_data_file(tmp_path):
         eh.download_hellaswag(tmp_path / "cache", url="http://127.0.0.1:9/hellaswag_val.jsonl", timeout=5)
     assert list(tmp_path.rglob("*")) in ([], [tmp_path / "cache"])  # no partial file left behind
     assert eh.HELLASWAG_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
+
+
+def test_a_dropped_download_tells_to_pass_data_file(tmp_path, monkeypatch):
+    class DroppedResponse(io.BytesIO):
+        def read(self):
+            raise http.client.IncompleteRead(b"partial", 11_000_000)  # an HTTPException, not an OSError
+
+    monkeypatch.setattr(eh.urllib.request, "urlopen", lambda url, timeout: DroppedResponse())
+    with pytest.raises(eh.HellaSwagError, match=r"IncompleteRead.*--data_file"):
+        eh.download_hellaswag(tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()  # no partial file cached
 
 
 def test_download_uses_the_cached_copy(tmp_path):

@@ -121,3 +121,29 @@ def test_tiny_shakespeare_matches_nanogpt(tmp_path):
     assert meta["vocab_size"] == 65
     assert meta["tokens"] == {"train": 1_003_854, "val": 111_540}
     assert meta["chars"] == "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def test_a_negative_max_chars_is_refused(tmp_path, capsys):
+    assert P.main(["--corpus=stdlib", "--max_chars=-5", f"--out_dir={tmp_path / 'out'}"]) == 1
+    assert "--max_chars must be 0 (every character) or more, got -5" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_as_input_is_named_a_folder(tmp_path, capsys):
+    assert P.main([f"--input={tmp_path}", f"--out_dir={tmp_path / 'out'}"]) == 1
+    assert "is a folder" in one_error_line(capsys)
+
+
+def test_an_interrupted_rewrite_leaves_no_old_meta_beside_new_data(tmp_path, monkeypatch):
+    P.prepare("the old text\n" * 30, tmp_path, "old")
+    write_tokens = P.write_tokens_atomically
+
+    def interrupted_at_val(path, ids):
+        if path.name == "val.bin":
+            raise KeyboardInterrupt
+        write_tokens(path, ids)
+
+    monkeypatch.setattr(P, "write_tokens_atomically", interrupted_at_val)
+    with pytest.raises(KeyboardInterrupt):
+        P.prepare("a new text, other characters\n" * 30, tmp_path, "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.bin", "val.bin"]  # the new train.bin: no meta.json

@@ -1,5 +1,6 @@
 """prepare_openwebtext.py end to end on small local corpora (the hub path shares all of this code)."""
 import argparse
+import errno
 import gzip
 import json
 import math
@@ -141,6 +142,47 @@ def test_a_single_text_file_is_cut_into_documents_at_blank_lines(tmp_path):
     check_prepared(tmp_path / "out", meta, paragraphs, num_empty=0, val_fraction=0.2)
 
 
+def write_split_folder(folder, splits):
+    """folder/{split}.jsonl for each split, each holding its own documents: "<split> document i"."""
+    folder.mkdir()
+    for split in splits:
+        write_jsonl(folder / f"{split}.jsonl", [{"text": f"{split} document {i}"} for i in range(6)])
+    return folder
+
+
+@needs_bpe
+@pytest.mark.parametrize("options, train, val, left_out", [
+    ({"val_split": "validation"}, "train", "validation", "test.jsonl (named for split 'test')"),
+    ({}, "train", "train", "test.jsonl (named for split 'test'), validation.jsonl (named for split 'validation')"),
+    ({"split": "test"}, "test", "test",
+     "train.jsonl (named for split 'train'), validation.jsonl (named for split 'validation')"),
+])
+def test_a_local_folder_trains_only_on_the_files_named_for_split(tmp_path, capsys, options, train, val, left_out):
+    folder = write_split_folder(tmp_path / "corpus", ["train", "validation", "test"])
+    prepare(str(folder), tmp_path / "out", val_fraction=0.5, **options)
+    train_docs, val_docs = (read_split(tmp_path / "out" / f"{name}.bin") for name in ("train", "val"))
+    assert {doc.split()[0] for doc in train_docs} == {train} and {doc.split()[0] for doc in val_docs} == {val}
+    assert len(train_docs + val_docs) == 6 * len({train, val})  # every document of the splits used
+    assert capsys.readouterr().out == \
+        f"{folder}: {left_out.count('(')} file(s) left out of train.bin and val.bin: {left_out}\n"
+
+
+@needs_bpe
+def test_a_folder_without_train_names_never_trains_on_another_split(tmp_path, capsys):
+    folder = write_split_folder(tmp_path / "corpus", ["notes", "more-notes", "test"])  # "notes" is no split name
+    prepare(str(folder), tmp_path / "out", val_fraction=0.25)
+    documents = read_split(tmp_path / "out" / "train.bin") + read_split(tmp_path / "out" / "val.bin")
+    assert len(documents) == 12 and not any(doc.startswith("test") for doc in documents)
+    assert "test.jsonl (named for split 'test')" in capsys.readouterr().out
+
+
+def test_a_folder_of_other_splits_only_has_nothing_to_train_on(tmp_path, no_tokenizing):
+    folder = write_split_folder(tmp_path / "corpus", ["validation", "test"])
+    with pytest.raises(PrepareError, match="no file to train on: every file has 'test' or 'validation' as a word"):
+        prepare(str(folder), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 # -----------------------------------------------------------------------------
 # bad input: a clear PrepareError before anything is tokenized
 
@@ -211,6 +253,36 @@ def test_bad_input_is_reported_clearly(tmp_path, no_tokenizing, case, streaming)
 def test_bad_options_are_reported_clearly(tmp_path, no_tokenizing, option, message):
     with pytest.raises(PrepareError, match=message):
         prepare(str(tmp_path), tmp_path / "out", **option)
+
+
+def test_an_out_dir_under_a_file_is_refused_before_loading(tmp_path, no_tokenizing, monkeypatch):
+    def load_dataset(*args, **kwargs):
+        raise AssertionError("the output folder must be checked before the corpus is loaded")
+    monkeypatch.setattr(prepare_openwebtext, "load_dataset", load_dataset)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": "a"}, {"text": "b"}])
+    write_file(tmp_path / "a_file", "x")
+    with pytest.raises(SystemExit) as exited:
+        prepare_openwebtext.main(["--dataset", str(source), "--out_dir", str(tmp_path / "a_file" / "out")])
+    assert exited.value.code == f"error: cannot write the dataset to {tmp_path / 'a_file' / 'out'}: " \
+                              f"{tmp_path / 'a_file'} is a file, not a folder (choose another --out_dir)"
+
+
+@needs_bpe
+def test_a_failed_write_is_an_error_line_that_keeps_the_old_files(tmp_path, monkeypatch):
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": doc} for doc in make_documents(10)])
+    out_dir = tmp_path / "out"
+    prepare(str(source), out_dir, val_fraction=0.2)
+    old = {name: (out_dir / name).read_bytes() for name in ("train.bin", "val.bin")}
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(prepare_openwebtext.TokenFile, "append", disk_full)
+    with pytest.raises(SystemExit) as exited:
+        prepare_openwebtext.main(["--dataset", str(source), "--out_dir", str(out_dir), "--val_fraction", "0.2",
+                                  "--num_proc", "1"])
+    assert exited.value.code == f"error: cannot write the dataset to {out_dir}: No space left on device"
+    assert {name: (out_dir / name).read_bytes() for name in sorted(os.listdir(out_dir))} == old  # no meta.json
 
 
 @pytest.mark.slow  # a subprocess importing datasets: about 5 s on 2 busy cores

@@ -48,6 +48,8 @@ def test_char_tokenizer_rejects_bad_vocabulary_and_ids():
         CharTokenizer("aba")
     with pytest.raises(ValueError, match="outside the vocabulary"):
         CharTokenizer("ab").decode([0, 2])
+    with pytest.raises(ValueError, match=r"token id -1 is outside the vocabulary of 2 characters \(ids 0..1\)"):
+        CharTokenizer("ab").decode([0, -1])  # not "b", as chars[-1] would give
 
 
 # -----------------------------------------------------------------------------
