@@ -92,11 +92,11 @@ def test_meta_from_the_training_data_dir(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--start", "caf\u00e9 \u2603"], r"characters not in the vocabulary: '\u00e9', '\u2603'"),
-    (["--temperature", "0"], "temperature=0.0 must be positive"),
+    (["--temperature", "0"], "temperature=0.0 must be a positive number"),
     (["--top_k", "-1"], "top_k=-1 must be at least 1"),
     (["--max_new_tokens", "-1"], "max_new_tokens=-1"),
     (["--num_samples", "0"], "--num_samples=0 must be at least 1"),
-    (["--temperature", "-1"], "must be positive"),
+    (["--temperature", "-1"], "must be a positive number"),
     (["--start", "FILE:/no/such/prompt.txt"], "cannot read the prompt file"),
     (["--start", ""], "the prompt is empty"),
     (["--compile", "--no_kv_cache"], "compile=True decodes from the KV cache"),
