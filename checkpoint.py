@@ -74,8 +74,8 @@ def lock_out_dir(out_dir):
 
 def load_resume_checkpoint(out_dir, model_args, sharded=False):
     """The checkpoint to resume from, after checking that it trains the model requested (its
-    model_args are the ones to build); its "source" is the file or folder it was read from. sharded (an FSDP run): the training state of
-    the sharded checkpoint, whose shards build_run loads."""
+    model_args are the ones to build); its "source" is the file or folder it was read from.
+    sharded (an FSDP run): the training state of the sharded checkpoint, whose shards build_run loads."""
     if sharded:
         import distributed  # which imports this module
 
