@@ -36,6 +36,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unreadable, or does not fit what was asked of it."""
 
 
+class OutDirInUse(CheckpointError):
+    def __init__(self, out_dir, holder):
+        super().__init__(f"{out_dir} is in use by another training run (PID {holder}): wait for it to finish "
+                         f"or stop it, or choose another out_dir")
+
+
 class NonFiniteCheckpointError(CheckpointError):
     """A checkpoint about to be written holds NaN or inf: it is refused, so the last good one stays."""
 
@@ -58,18 +64,37 @@ def lock_out_dir(out_dir):
     except OSError as e:  # a file of that name, a read-only place, no such parent
         raise CheckpointError(f"out_dir {out_dir} cannot be used as a folder for the run: {e.strerror}: "
                               f"{e.filename}") from None
-    try:
-        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.seek(0)
-        holder = lock.read().strip() or "unknown"
+    holder = _holder_if_locked(lock)
+    if holder is not None:
         lock.close()
-        raise CheckpointError(f"{out_dir} is in use by another training run (PID {holder}): wait for it to finish "
-                              f"or stop it, or choose another out_dir") from None
+        raise OutDirInUse(out_dir, holder)
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     return lock
+
+
+def check_out_dir_free(out_dir):
+    """OutDirInUse if a live training run holds out_dir's lock; nothing is created or claimed. Ran
+    before a resume reads the checkpoint, it names the real cause where the live run is mid-save."""
+    try:
+        lock = open(Path(out_dir) / LOCK_NAME, "r+", encoding="utf-8")
+    except OSError:  # no lock file: no run has held this folder
+        return
+    with lock:  # closing it drops the probe's lock, if it got one
+        holder = _holder_if_locked(lock)
+    if holder is not None:
+        raise OutDirInUse(out_dir, holder)
+
+
+def _holder_if_locked(lock):
+    """The PID another process wrote into the lock file it holds, or None after taking the lock here."""
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except OSError:
+        lock.seek(0)
+        return lock.read().strip() or "unknown"
 
 
 def load_resume_checkpoint(out_dir, model_args, sharded=False):

@@ -224,6 +224,8 @@ def resolve_config(config):
     for key in ("beta1", "beta2"):
         if not 0 <= c[key] < 1:
             raise bad(key, "must be in [0, 1)")
+    if not 0 <= c["seed"] < 2**63:  # each rank seeds with seed + rank, which must fit torch's 64 bits
+        raise bad("seed", "must be in [0, 2**63)")
     for key, setting in SETTINGS.items():
         if setting.choices and key not in MODEL_ARG_KEYS and c[key] not in setting.choices:
             raise bad(key, f"choose one of {', '.join(map(repr, setting.choices))}")
@@ -242,7 +244,9 @@ def resolve_config(config):
     if c["parallelism"] == "fsdp" and dtype == "float16":
         raise bad("dtype", "resolves to float16 here, which FSDP does not train in (no fp16 loss scaling of "
                   "sharded gradients): set dtype='bfloat16' or 'float32'")
-    if c["parallelism"] == "fsdp" and c["hellaswag_interval"]:  # it runs on rank 0 alone, FSDP needs every rank
+    # each rank scores its share of the examples; FSDP's ranks would then run unequal numbers of
+    # forward passes, each of them collectives every rank must join
+    if c["parallelism"] == "fsdp" and c["hellaswag_interval"]:
         raise bad("hellaswag_interval", "HellaSwag during FSDP training is not supported: set it to 0 and run "
                   "eval_hellaswag.py on the consolidated ckpt.pt")
     if c["decay_lr"] and c["lr_decay_iters"] <= c["warmup_iters"]:

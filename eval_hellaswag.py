@@ -174,7 +174,10 @@ def examples_for_training(path, limit, meta, say):
     try:
         from tokenizer import tokenizer_from_meta
 
-        return load_examples(path, limit or None), tokenizer_from_meta(meta)
+        examples, tokenizer = load_examples(path, limit or None), tokenizer_from_meta(meta)
+        for example in examples:  # text the tokenizer cannot encode stops here, not mid-training
+            example_requests(example, tokenizer, has_harness_text(example))
+        return examples, tokenizer
     except Exception as e:  # a missing or bad file, or a tokenizer that is not to be had
         say(f"warning: HellaSwag evaluation is off, and training goes on without it: {type(e).__name__}: {e}")
         return None
@@ -318,9 +321,16 @@ def score_batch(model, batch, tokenizer, harness, device, dtype):
     for ex, (pairs, nanogpt_index, harness_index, char_lengths) in zip(batch, requests):
         own = scored[offset:offset + len(pairs)]
         offset += len(pairs)
-        truncated = sum(1 for (_, continuation), (_, n) in zip(pairs, own) if n < len(continuation))
-        out.append((score_example(ex, own, nanogpt_index, harness_index, char_lengths), truncated))
+        out.append((score_example(ex, own, nanogpt_index, harness_index, char_lengths),
+                    _endings_cut(pairs, own, nanogpt_index, harness_index)))
     return out
+
+
+def _endings_cut(pairs, scored, nanogpt_index, harness_index):
+    """How many of an example's 4 endings were only partly scored in either view (once each)."""
+    cut = {j for j, ((_, continuation), (_, n)) in enumerate(zip(pairs, scored)) if n < len(continuation)}
+    views = [nanogpt_index] + ([harness_index] if harness_index is not None else [])
+    return sum(1 for pair_of_view in zip(*views) if cut.intersection(pair_of_view))
 
 
 @contextlib.contextmanager

@@ -28,6 +28,13 @@ def check_sampling(temperature=1.0, top_k=None, max_new_tokens=0, use_kv_cache=T
         raise ValueError("compile=True decodes from the KV cache: leave the KV cache on (use_kv_cache=True)")
 
 
+def check_prompt(idx):
+    """A ValueError unless idx is a batch of token ids (B, T) with T >= 1."""
+    if idx.dim() != 2 or idx.size(1) == 0 or idx.is_floating_point() or idx.is_complex():
+        raise ValueError(f"idx must be integer token ids of shape (batch, tokens) with at least one token; got "
+                         f"{idx.dtype} of shape {tuple(idx.shape)} (one prompt of ids x: torch.tensor([x]))")
+
+
 def sample_next(logits, temperature=1.0, top_k=None):
     """One token per row (B, 1) from the last position's logits (B, vocab)."""
     logits = logits / temperature
@@ -99,6 +106,7 @@ class CacheStep:
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, compile=False):
     """idx (B, T) followed by max_new_tokens sampled tokens; see GPT.generate."""
     check_sampling(temperature, top_k, max_new_tokens, use_kv_cache, compile)
+    check_prompt(idx)
     block_size = model.config.block_size
     with decoding_attention_kernels(idx.device), torch._dynamo.config.patch(recompile_limit=64):
         if use_kv_cache:

@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 
 import distributed
-from checkpoint import (CHECKPOINT_NAME, SUMMARY_NAME, CheckpointError, first_non_finite, load_resume_checkpoint,
-                        load_weights, resume_hint, save_checkpoint)
+from checkpoint import (CHECKPOINT_NAME, SUMMARY_NAME, CheckpointError, check_out_dir_free, first_non_finite,
+                        load_resume_checkpoint, load_weights, resume_hint, save_checkpoint)
 from configurator import DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config
 from data import Batches, DataError, check_data, choose_vocab_size
 from launcher import LaunchError, launch, split_launcher_args
@@ -142,6 +142,8 @@ def train(config, verbose=True):
             checkpoint = load_resume_checkpoint(out_dir, model_args, sharded=ddp and c["parallelism"] == "fsdp")
             model_args = {key: checkpoint["model_args"][key] for key in model_args}  # a GPT-2 fine-tune's are OpenAI's
     except (DataError, CheckpointError) as e:
+        if isinstance(e, CheckpointError):
+            check_out_dir_free(out_dir)  # a live run mid-save, or before its first checkpoint, is the real cause
         raise type(e)(f"{e}{resume_hint(out_dir, c)}") from None
     # a run stopped by a signal in its last iteration has trained it all but still owes its final evaluation
     finished = checkpoint is not None and checkpoint["iter_num"] >= c["max_iters"] and checkpoint.get("evaluated", True)
@@ -301,7 +303,8 @@ def open_logs(run):
                     f"checkpoint, which this run does again")
     # eval_only leaves the out_dir's log and summary as the training run wrote them
     run.log = RunLog(run.out_dir, append=resuming, enabled=run.master and not c["eval_only"], wandb_run=wandb_run)
-    if c["hellaswag_interval"] and run.master:
+    # every DDP rank scores its share of the examples (FSDP is refused in resolve_config)
+    if c["hellaswag_interval"]:
         try:
             import eval_hellaswag
         except ImportError as e:  # training goes on without HellaSwag scores
@@ -481,7 +484,8 @@ def run_hellaswag(run):
     run.raw_model.eval()
     try:
         with run.autocast:
-            result = eval_hellaswag.evaluate(run.raw_model, examples, tok, run.device, run.c["hellaswag_batch_size"])
+            result = eval_hellaswag.evaluate(run.raw_model, examples, tok, run.device, run.c["hellaswag_batch_size"],
+                                             rank=run.rank, world_size=run.world_size)
     finally:
         run.raw_model.train()
     run.log.write({"type": "hellaswag", "iter": run.iter_num, **result, "elapsed_s": run.elapsed()})

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -221,17 +222,18 @@ def test_long_context_is_cut_from_the_left():
 def test_endings_longer_than_the_block_are_counted_per_example():
     model = tiny_gpt("standard", block_size=16)
     tok = CharTokenizer(CHARS)
-    # " " + ending is 21, 2, 17 and 16 tokens: the first and third exceed block_size, in both texts
+    # " " + ending is 21, 2, 17 and 16 tokens: the first and third exceed block_size, in both texts,
+    # and count once each
     long, short = example(["a" * 20, "b", "c" * 16, "d" * 15], 0), example(["a", "b", "c", "d"], 1)
     scored = eh.score_batch(model, [long, short], tok, True, "cpu", "float32")
-    assert [truncated for _, truncated in scored] == [4, 0]
+    assert [truncated for _, truncated in scored] == [2, 0]
     for ex, (result, _) in zip([long, short], scored):  # one padded forward for both, as each alone
         [(alone, _)] = eh.score_batch(model, [ex], tok, True, "cpu", "float32")
         assert result["logprob_sum"] == pytest.approx(alone["logprob_sum"], abs=1e-5)
         assert result["harness_logprob_sum"] == pytest.approx(alone["harness_logprob_sum"], abs=1e-5)
     [(_, truncated)] = eh.score_batch(model, [minimal(long)], tok, False, "cpu", "float32")
     assert truncated == 2  # the raw text only
-    assert eh.evaluate(model, [long, short, long], tok, batch_size=2)["n_endings_truncated"] == 8
+    assert eh.evaluate(model, [long, short, long], tok, batch_size=2)["n_endings_truncated"] == 4
 
 
 # -----------------------------------------------------------------------------
@@ -359,19 +361,25 @@ def write_char_dataset(data_dir):
                           "tokens": {"train": split, "val": len(ids) - split}})
 
 
-def quick_train(tmp_path, attention="standard", **extra):
+def quick_config(tmp_path, attention="standard", **extra):
     import train
 
     data_dir = tmp_path / "data"
     if not data_dir.exists():
         write_char_dataset(data_dir)
-    out_dir = tmp_path / f"out-{attention}"
     config = train.get_config([str(REPO / "config" / "quickstart.py")])
-    config.update(out_dir=str(out_dir), data_dir=str(data_dir), attention=attention, max_iters=2, eval_interval=2,
-                  eval_iters=1, log_interval=1, warmup_iters=0, lr_decay_iters=2, batch_size=2, block_size=32,
-                  n_layer=1, n_head=2, n_embd=16, device="cpu", compile=False, **extra)
+    config.update(out_dir=str(tmp_path / f"out-{attention}"), data_dir=str(data_dir), attention=attention, max_iters=2,
+                  eval_interval=2, eval_iters=1, log_interval=1, warmup_iters=0, lr_decay_iters=2, batch_size=2,
+                  block_size=32, n_layer=1, n_head=2, n_embd=16, device="cpu", compile=False, **extra)
+    return config
+
+
+def quick_train(tmp_path, attention="standard", **extra):
+    import train
+
+    config = quick_config(tmp_path, attention, **extra)
     train.train(config, verbose=False)
-    return out_dir
+    return Path(config["out_dir"])
 
 
 def test_end_to_end_on_a_quickstart_checkpoint(tmp_path, hellaswag_file):
@@ -394,6 +402,34 @@ def test_hellaswag_during_training(tmp_path, hellaswag_file):
     hellaswag = [r for r in records if r.get("type") == "hellaswag"]
     assert hellaswag, records
     assert all(r["n"] == 3 and {"acc", "acc_norm", "acc_char_norm"} <= r.keys() for r in hellaswag)
+
+
+def hellaswag_records(out_dir):
+    return [r for r in map(json.loads, (out_dir / "log.jsonl").read_text().splitlines()) if r["type"] == "hellaswag"]
+
+
+@pytest.mark.slow
+def test_hellaswag_during_ddp_training_logs_what_one_process_scores(tmp_path, hellaswag_file):
+    """Two ranks share the examples (5: unequal shares), and the summed counts are those a single
+    process gets from the same weights: every example scored once."""
+    config = quick_config(tmp_path, hellaswag_interval=2, hellaswag_file=str(hellaswag_file), hellaswag_limit=5,
+                          gradient_accumulation_steps=2)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.pop("RANK", None)
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "--standalone", "--nproc_per_node=2",
+                             *[f"--{k}={v!r}" for k, v in config.items()]], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [logged] = hellaswag_records(Path(config["out_dir"]))
+    alone = eh.evaluate_checkpoint(config["out_dir"], hellaswag_file, limit=5, device="cpu", dtype="float32")
+    assert logged["n"] == alone["n"] == 5 and logged["correct"] == alone["correct"]
+
+
+def test_hellaswag_text_the_tokenizer_cannot_encode_turns_it_off_before_training(tmp_path):
+    path = tmp_path / "hs.jsonl"
+    path.write_text(json.dumps(example(["a", "b", "c", "d"], 0, ctx_b="he says \u2014 nothing")) + "\n")
+    out_dir = quick_train(tmp_path, hellaswag_interval=1, hellaswag_file=str(path))
+    assert hellaswag_records(out_dir) == []  # trained to the end, scoring nothing
 
 
 def save_char_checkpoint(model, folder):

@@ -322,6 +322,12 @@ def test_generate_rejects_bad_sampling_arguments(arguments, match):
         tiny_model("efficient").generate(random_tokens(1, 3), **{"max_new_tokens": 2, **arguments})
 
 
+@pytest.mark.parametrize("prompt", [torch.tensor([1, 2, 3]), torch.zeros(1, 0, dtype=torch.long), torch.ones(1, 3)])
+def test_generate_rejects_a_prompt_that_is_not_a_batch_of_ids(prompt):
+    with pytest.raises(ValueError, match=r"idx must be integer token ids of shape \(batch, tokens\)"):
+        tiny_model("efficient").generate(prompt, max_new_tokens=2)
+
+
 # ----------------------------------------------------------------------------- FLOPs
 
 @pytest.mark.parametrize("attention, options", SHAPES)

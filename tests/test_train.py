@@ -1,6 +1,7 @@
 """train.py: configuration, data checks, exact resume, DDP equivalence, atomic checkpoints, signals.
 
 Everything runs on CPU with tiny models; the in-process runs take well under a second each."""
+import contextlib
 import json
 import os
 import random
@@ -160,6 +161,7 @@ def test_init_from_gpt2_with_other_attention_is_a_clear_error(tmp_path, data_dir
     ({"beta2": 1.5}, ["'beta2'=1.5", "[0, 1)"]),
     ({"beta1": -0.1}, ["'beta1'=-0.1", "[0, 1)"]),
     ({"hellaswag_batch_size": 0}, ["'hellaswag_batch_size'=0", "at least 1"]),
+    ({"seed": 2**64 - 1}, [f"'seed'={2**64 - 1}", "[0, 2**63)"]),
     ({"out_dir": ""}, ["'out_dir'=''", "name a folder"]),
     ({"backend": "nccl", "device": "cpu"}, ["'backend'='nccl'", "CUDA GPUs only", "'gloo'"]),
     ({"init_from": "gpt2", "block_size": 2048}, ["block_size=2048", "context of 1024 tokens"]),
@@ -379,23 +381,40 @@ def test_help_shows_each_key_with_its_meaning_and_choices(capsys):
     assert "python train.py config/train_shakespeare_char_cpu.py" in out  # the CPU example is a CPU-sized config
 
 
-def test_a_second_run_on_a_live_out_dir_stops_with_the_holders_pid(tmp_path, data_dir, capsys):
-    from checkpoint import lock_out_dir
-
+@contextlib.contextmanager
+def held_out_dir(out_dir):
+    """out_dir's lock, held by another process (a live run, as far as the lock shows) until the block ends."""
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
                                "from checkpoint import lock_out_dir; held = lock_out_dir(sys.argv[2]); print('held', flush=True); "
-                               "time.sleep(60)", str(REPO), str(tmp_path / "out")], stdout=subprocess.PIPE, text=True)
+                               "time.sleep(60)", str(REPO), str(out_dir)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]) == 1
-        err = capsys.readouterr().err
-        assert err == (f"error: {tmp_path / 'out'} is in use by another training run (PID {holder.pid}): wait for it "
-                       f"to finish or stop it, or choose another out_dir\n")
-        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.lock"]
+        yield holder.pid
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_second_run_on_a_live_out_dir_stops_with_the_holders_pid(tmp_path, data_dir, capsys):
+    from checkpoint import lock_out_dir
+
+    with held_out_dir(tmp_path / "out") as pid:
+        assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]) == 1
+        err = capsys.readouterr().err
+        assert err == (f"error: {tmp_path / 'out'} is in use by another training run (PID {pid}): wait for it "
+                       f"to finish or stop it, or choose another out_dir\n")
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.lock"]
     lock_out_dir(tmp_path / "out").close()  # the kernel released the dead holder's lock
+
+
+def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_run_not_a_missing_file(tmp_path, data_dir,
+                                                                                             capsys):
+    resume = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, init_from="resume").items()]
+    with held_out_dir(tmp_path / "out") as pid:
+        assert T.main(resume) == 1
+        assert f"is in use by another training run (PID {pid})" in capsys.readouterr().err
+    assert T.main(resume) == 1
+    assert "no checkpoint" in capsys.readouterr().err.lower()  # no live run: the file really is missing
 
 
 def test_cpu_threads_follow_the_cores_other_processes_leave_free(monkeypatch):
@@ -886,7 +905,8 @@ def test_hellaswag_hook_is_optional(tmp_path, data_dir, monkeypatch):
 
     fake = types.ModuleType("eval_hellaswag")
     fake.examples_for_training = lambda path, limit, meta, say: (["example"] * 3, None)
-    fake.evaluate = lambda model, examples, tokenizer, device, batch_size: dict(acc=0.25, acc_norm=0.5, acc_char_norm=0.5, n=3)
+    fake.evaluate = lambda model, examples, tokenizer, device, batch_size, rank, world_size: dict(
+        acc=0.25, acc_norm=0.5, acc_char_norm=0.5, n=3)
     monkeypatch.setitem(sys.modules, "eval_hellaswag", fake)
     T.train(tiny(tmp_path, data_dir, max_iters=4, hellaswag_interval=2, hellaswag_file="x.jsonl"), verbose=False)
     records = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
