@@ -39,7 +39,9 @@ import sys
 from pathlib import Path
 
 import frontier
+from data import config_data_dir
 from model import ATTENTION_CLASSES, ATTENTION_VARIANTS
+from tokenizer import read_meta, tokenizer_from_meta
 
 BUDGET_FLAGS = {"tokens": "budget_tokens", "flops": "budget_flops", "time": "budget_seconds"}
 
@@ -134,14 +136,24 @@ def describe_plan(args, plan, budgets):
     return "\n".join(lines)
 
 
-def check_hellaswag_file(args):
-    """A HellaSwag file that cannot be read is refused before the sweep trains, not after."""
-    from eval_hellaswag import HellaSwagError, load_examples
+def check_hellaswag_file(args, train_overrides):
+    """A HellaSwag file that cannot be read, or that the dataset's tokenizer cannot encode, is refused
+    before the sweep trains, not after."""
+    from eval_hellaswag import HellaSwagError, check_encodable, load_examples
 
     try:
-        load_examples(args.hellaswag_file, args.hellaswag_limit)
+        examples = load_examples(args.hellaswag_file, args.hellaswag_limit)
     except HellaSwagError as e:
         raise frontier.SweepError(f"--hellaswag_file: {e}") from None
+    try:
+        data_dir = config_data_dir(frontier.resolved_config(args.config, train_overrides))
+        tokenizer = tokenizer_from_meta(read_meta(data_dir))
+    except Exception:  # no dataset yet (the plan says so), or its tokenizer is not to be had here: scored later
+        return
+    try:
+        check_encodable(examples, tokenizer)
+    except HellaSwagError as e:
+        raise frontier.SweepError(f"--hellaswag_file: {args.hellaswag_file}, {e} (the data in {data_dir})") from None
 
 
 def add_hellaswag(summaries, plan, args):
@@ -164,7 +176,7 @@ def main(argv=None):
     command = frontier.shell_join(["python", "compare.py", *argv])
     try:
         if args.hellaswag_file:
-            check_hellaswag_file(args)
+            check_hellaswag_file(args, train_overrides)
         plan, budgets = frontier.plan_sweep(args, train_overrides, out_dir)
         print(describe_plan(args, plan, budgets), flush=True)
         summaries = frontier.run_sweep(plan, args.launcher)

@@ -18,6 +18,11 @@ class DataError(ValueError):
     """Training data that is missing, empty, too short, or does not fit the model."""
 
 
+def config_data_dir(c):
+    """The dataset folder a training config reads: data_dir, or NanoGPT's data/<dataset>."""
+    return Path(c["data_dir"] or Path("data") / c["dataset"])
+
+
 def _token_file(data_dir, split):
     path = Path(data_dir) / f"{split}.bin"
     if not path.is_file():

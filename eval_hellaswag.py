@@ -175,12 +175,18 @@ def examples_for_training(path, limit, meta, say):
         from tokenizer import tokenizer_from_meta
 
         examples, tokenizer = load_examples(path, limit or None), tokenizer_from_meta(meta)
-        for example in examples:  # text the tokenizer cannot encode stops here, not mid-training
-            example_requests(example, tokenizer, has_harness_text(example))
+        check_encodable(examples, tokenizer)  # here, not mid-training
         return examples, tokenizer
     except Exception as e:  # a missing or bad file, or a tokenizer that is not to be had
         say(f"warning: HellaSwag evaluation is off, and training goes on without it: {type(e).__name__}: {e}")
         return None
+
+
+def check_encodable(examples, tokenizer):
+    """HellaSwagError naming the first example with text the tokenizer cannot encode (a character-level
+    model meets characters outside its vocabulary)."""
+    for example in examples:
+        example_requests(example, tokenizer, has_harness_text(example))
 
 
 # -----------------------------------------------------------------------------

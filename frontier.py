@@ -28,7 +28,7 @@ import torch
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
 from configurator import MODEL_ARG_KEYS, ConfigError, format_override, get_config, parse_override, resolve_config
-from data import choose_vocab_size
+from data import choose_vocab_size, config_data_dir
 from model import GPT, GPTConfig
 from tokenizer import read_meta
 
@@ -121,7 +121,7 @@ def resolved_config(config_file, overrides):
 def model_flops_per_token(c):
     """Training FLOPs per token of the model this config builds, without training it (meta device:
     no memory is allocated). The vocabulary comes from the data's meta.json, as train.py takes it."""
-    data_dir = Path(c["data_dir"] or Path("data") / c["dataset"])
+    data_dir = config_data_dir(c)
     try:
         meta = read_meta(data_dir)
     except (FileNotFoundError, ValueError) as e:
@@ -263,7 +263,9 @@ class SignalForwarder:
     def run(self, command, **popen_args):
         if self.received:
             raise SweepInterrupted(self.received)
-        self.process = subprocess.Popen(command, cwd=REPO, start_new_session=True, **popen_args)
+        # in the sweep's own working directory: a relative config, data_dir or hellaswag_file names the
+        # same file for train.py as for the plan
+        self.process = subprocess.Popen(command, start_new_session=True, **popen_args)
         try:
             return self.process.wait()
         finally:

@@ -29,7 +29,6 @@ folder ckpt_sharded/ (every rank writes its shards; distributed.py).
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ import distributed
 from checkpoint import (CHECKPOINT_NAME, SUMMARY_NAME, CheckpointError, check_out_dir_free, first_non_finite,
                         load_resume_checkpoint, load_weights, resume_hint, save_checkpoint)
 from configurator import DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config
-from data import Batches, DataError, check_data, choose_vocab_size
+from data import Batches, DataError, check_data, choose_vocab_size, config_data_dir
 from launcher import LaunchError, launch, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from runlog import RunLog, trim_log, write_summary
@@ -133,7 +132,7 @@ def train(config, verbose=True):
                           f"divisible by the number of DDP processes ({world_size}): the steps are split over them")
     device, dtype = choose_device(c, ddp, local_rank)
     out_dir = Path(c["out_dir"])
-    data_dir = Path(c["data_dir"] or os.path.join("data", c["dataset"]))
+    data_dir = config_data_dir(c)
     try:
         meta, n_tokens, max_token = check_data(data_dir, c["block_size"])
         model_args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": choose_vocab_size(c, meta, max_token, data_dir)}

@@ -46,6 +46,14 @@ def tiny_run(tmp_path):
     return config, tmp_path / "compare"
 
 
+def test_relative_paths_mean_the_same_to_the_plan_and_to_the_runs(tiny_run, monkeypatch):
+    config, out_dir = tiny_run
+    monkeypatch.chdir(config.parent)  # a working directory that is not the repository
+    assert compare.main([config.name, "--variants=efficient", "--data_dir=data", "--out_dir=compare",
+                         "--max_iters=2"]) == 0
+    assert json.loads((out_dir / "efficient-seed0" / "summary.json").read_text())["iterations"] == 2
+
+
 def plan(config, out_dir, *argv):
     args, overrides = compare.parse_args([str(config), f"--out_dir={out_dir}", *argv])
     return frontier.plan_sweep(args, overrides, out_dir)
@@ -243,9 +251,11 @@ def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, messag
 
 def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run, capsys):
     config, out_dir = tiny_run
-    bad = out_dir.parent / "hellaswag.jsonl"
+    bad, foreign = out_dir.parent / "hellaswag.jsonl", out_dir.parent / "foreign.jsonl"
     bad.write_text("{oops\n")
-    for path in (bad, out_dir.parent / "missing.jsonl"):
+    # the character-level data has no "Z": the run could not score this one after training
+    foreign.write_text(json.dumps({"ctx": "Z", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n")
+    for path in (bad, out_dir.parent / "missing.jsonl", foreign):
         assert compare.main([str(config), f"--out_dir={out_dir}", f"--hellaswag_file={path}"]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: --hellaswag_file: ") and path.name in err[0]
