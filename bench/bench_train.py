@@ -97,7 +97,7 @@ def run_train(command, log_path, timeout):
     """Run one train.py to its end (or kill its whole process group after `timeout` seconds);
     its output goes to log_path. Returns None on success, else the reason as one line."""
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
         try:
             code = process.wait(timeout=timeout)
