@@ -149,17 +149,22 @@ def scaled_schedule(c, iterations, match):
             "eval_interval": max(1, min(round(c["eval_interval"] * factor), iterations))}
 
 
-def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_iters):
-    """Seconds per training step of this variant on this machine, from a short train.py run (kept in
-    probe_dir, so that a rerun plans the same iterations)."""
+def train_command(launcher, train_args):
+    """The command line of one train.py run: under the sweep's --launcher (e.g. torchrun), or plain."""
+    return (shlex.split(launcher) if launcher else [sys.executable]) + [str(REPO / "train.py"), *train_args]
+
+
+def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_iters, launcher):
+    """Seconds per training step of this variant on this machine, launched as the runs will be, from a
+    short train.py run (kept in probe_dir, so that a rerun plans the same iterations)."""
     summary = read_json(probe_dir / SUMMARY_NAME)
     if not (summary and summary["stop_reason"] == "max_iters"):
         probe_dir.mkdir(parents=True, exist_ok=True)
         settings = dict(attention=variant, out_dir=str(probe_dir), max_iters=probe_iters, lr_decay_iters=probe_iters,
                         warmup_iters=0, eval_interval=probe_iters, eval_iters=1, log_interval=probe_iters,
                         always_save_checkpoint=False)
-        command = [sys.executable, str(REPO / "train.py"), config_file, *overrides,
-                   *(format_override(key, value) for key, value in settings.items())]
+        command = train_command(launcher, [config_file, *overrides,
+                                           *(format_override(key, value) for key, value in settings.items())])
         with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
             code = forwarder.run(command, stdout=log, stderr=subprocess.STDOUT)
         if forwarder.received:
@@ -205,7 +210,8 @@ def plan_size(args, overrides, shape, out_dir):
         seconds = None
         if args.match == "time":
             probe_dir = out_dir / "probes" / label / variant
-            seconds = probe_seconds_per_iter(args.config, overrides + shape_args, variant, probe_dir, args.probe_iters)
+            seconds = probe_seconds_per_iter(args.config, overrides + shape_args, variant, probe_dir, args.probe_iters,
+                                             args.launcher)
         flops_per_token = model_flops_per_token(cv)
         costs[variant] = (flops_per_token, cost_per_iter(args.match, cv, flops_per_token, seconds))
     budget = args.budget or costs[args.reference][1] * c["max_iters"]
@@ -330,7 +336,7 @@ def train_once(run, status, launcher, forwarder):
     run.run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "wall_time_s": segments}))
     args = run.train_args + (["--init_from=resume"] if status == "resume" else [])
-    command = (shlex.split(launcher) if launcher else [sys.executable]) + [str(REPO / "train.py"), *args]
+    command = train_command(launcher, args)
     print(shell_join(command), flush=True)
     code = forwarder.run(command)
     summary = read_json(run.run_dir / SUMMARY_NAME)

@@ -225,6 +225,23 @@ def test_a_time_matched_sweep_plans_from_its_probes_and_a_rerun_reuses_them(tiny
     assert {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in probe_files} == probe_files  # not probed again
 
 
+@pytest.mark.slow
+def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
+    """Under torchrun an iteration's micro-batches are split over the processes: a probe without the
+    launcher would time another thing than the runs do."""
+    config, out_dir = tiny_run
+    calls, wrapper = config.parent / "calls.txt", config.parent / "launcher.py"
+    wrapper.write_text("import os, runpy, sys\n"
+                       f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+                       "sys.argv = sys.argv[1:]\nsys.path.insert(0, os.path.dirname(sys.argv[0]))\n"
+                       "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    assert compare.main([str(config), "--variants=efficient", "--match=time", "--budget_seconds=0.05",
+                         "--probe_iters=2", f"--launcher={sys.executable} {wrapper}", f"--out_dir={out_dir}"]) == 0
+    launched = calls.read_text().splitlines()
+    # the probes of efficient and of the reference, standard, then the run
+    assert len(launched) == 3 and all("/probes/" in call for call in launched[:2]) and "efficient-seed0" in launched[2]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--variants=standard,fast"], "choose among standard, optimized, efficient, super"),
     (["--attention=super"], "sets attention, seed, out_dir and init_from itself"),
