@@ -302,13 +302,30 @@ def open_logs(run):
                     f"checkpoint, which this run does again")
     # eval_only leaves the out_dir's log and summary as the training run wrote them
     run.log = RunLog(run.out_dir, append=resuming, enabled=run.master and not c["eval_only"], wandb_run=wandb_run)
-    # every DDP rank scores its share of the examples (FSDP is refused in resolve_config)
     if c["hellaswag_interval"]:
-        try:
-            import eval_hellaswag
-        except ImportError as e:  # training goes on without HellaSwag scores
-            return run.say(f"warning: HellaSwag evaluation is off: {e}")
-        run.hellaswag = eval_hellaswag.examples_for_training(c["hellaswag_file"], c["hellaswag_limit"], run.meta, run.say)
+        run.hellaswag = hellaswag_examples(run)
+
+
+def hellaswag_examples(run):
+    """(examples, tokenizer) for HellaSwag during training, on every rank, each of which scores its share
+    (FSDP is refused in resolve_config); or None on every rank, saying why, where any rank cannot have
+    them (on several nodes, a file on one node only): training goes on without the scores."""
+    problems = []
+    try:
+        import eval_hellaswag
+    except ImportError as e:
+        problems.append(f"warning: HellaSwag evaluation is off: {e}")
+    else:
+        loaded = eval_hellaswag.examples_for_training(run.c["hellaswag_file"], run.c["hellaswag_limit"], run.meta,
+                                                      problems.append)
+    if run.ddp:  # a collective: every rank decides alike, so none waits in another's evaluation
+        gathered = [None] * run.world_size
+        dist.all_gather_object(gathered, problems[:1])
+        problems = [f"{problem} (rank {rank})" for rank, mine in enumerate(gathered) for problem in mine]
+    if problems:
+        run.say(problems[0])
+        return None
+    return loaded
 
 
 # -----------------------------------------------------------------------------

@@ -546,13 +546,31 @@ def test_compiled_model_saves_without_prefix(tmp_path, data_dir, monkeypatch):
 # -----------------------------------------------------------------------------
 # DDP: 2 processes == 1 process with the accumulation steps of both; signals; a clean exit
 
+# What the drivers below share: two ranks forked from the driver's process, on a free local port.
+FORK_RANKS = textwrap.dedent("""
+    import os, socket
+
+    def fork_ranks(rank_process):
+        \"\"\"Fork two processes that each run rank_process(rank, port) and exit; their exit codes.\"\"\"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        pids = []
+        for rank in range(2):
+            pid = os.fork()
+            if pid == 0:
+                rank_process(rank, port)
+            pids.append(pid)
+        return [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+""")
+
 # The teardown race (issue 12): torch.distributed.nn.functional, first imported by DDP after the
 # process group exists, holds the group in its default arguments, so destroy_process_group cannot
 # free it and gloo's threads still run when the interpreter shuts down, where now and then one of
 # them aborts the process. This driver forks pairs of ranks from one process that imported train
 # (not torch._dynamo, as a fresh `python train.py` has not) and lets each exit the normal way.
-TEARDOWN_DRIVER = textwrap.dedent("""
-    import gc, json, os, socket, sys
+TEARDOWN_DRIVER = FORK_RANKS + textwrap.dedent("""
+    import gc, json, sys
     import train
 
     def rank_process(rank, port, args, report):
@@ -571,16 +589,8 @@ TEARDOWN_DRIVER = textwrap.dedent("""
         if run == 1:  # the first run is the faithful one; the others start warm, to be cheap
             import torch._dynamo
         gc.freeze()  # what the children inherit is not collected again at each of their exits
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        pids = []
-        for rank in range(2):
-            pid = os.fork()
-            if pid == 0:
-                rank_process(rank, port, args + [f"--out_dir={out}/{run}"], f"{out}/{run}.{rank}.json")
-            pids.append(pid)
-        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        codes = fork_ranks(lambda rank, port: rank_process(rank, port, args + [f"--out_dir={out}/{run}"],
+                                                           f"{out}/{run}.{rank}.json"))
         threads = [json.load(open(f"{out}/{run}.{rank}.json")) if os.path.exists(f"{out}/{run}.{rank}.json")
                    else None for rank in range(2)]
         results.append({"codes": codes, "threads": threads})
@@ -601,6 +611,43 @@ def test_finished_ddp_runs_exit_0_every_time_with_no_gloo_thread_left(tmp_path, 
     assert [run["codes"] for run in runs] == [[0, 0]] * 5, result.stderr[-3000:]
     leftover = {name for run in runs for threads in run["threads"] for name in threads if "gloo" in name}
     assert not leftover  # destroy_process_group really ended the group, before the interpreter shut down
+
+
+# Two gloo ranks forked from one process, where the HellaSwag file can be read on rank 0 only (as a
+# file on one node of several would be): each prints what hellaswag_examples gave it and said.
+HELLASWAG_DRIVER = FORK_RANKS + textwrap.dedent("""
+    import json, sys, types
+    import torch.distributed as dist
+    import eval_hellaswag, train
+
+    def examples_for_training(path, limit, meta, say):
+        if os.environ["RANK"] == "0":
+            return ["an example"], "a tokenizer"
+        say(f"warning: HellaSwag evaluation is off: cannot read {path}")
+
+    def rank_process(rank, port):
+        os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo")
+        eval_hellaswag.examples_for_training = examples_for_training
+        said = []
+        run = types.SimpleNamespace(c={"hellaswag_file": "hs.jsonl", "hellaswag_limit": 0}, meta={}, ddp=True,
+                                    world_size=2, say=said.append)
+        result = train.hellaswag_examples(run)
+        os.write(1, (json.dumps({"rank": rank, "result": result, "said": said}) + "\\n").encode())  # one line, whole
+        dist.destroy_process_group()
+        os._exit(0)
+
+    sys.exit(max(fork_ranks(rank_process)))
+""")
+
+
+def test_hellaswag_during_ddp_training_is_off_on_every_rank_when_one_cannot_read_it(tmp_path):
+    result = subprocess.run([sys.executable, "-c", HELLASWAG_DRIVER], cwd=tmp_path, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = sorted((json.loads(line) for line in result.stdout.splitlines()), key=lambda r: r["rank"])
+    assert [r["result"] for r in ranks] == [None, None]  # rank 0 would otherwise wait in an all_reduce alone
+    assert ranks[0]["said"] == ["warning: HellaSwag evaluation is off: cannot read hs.jsonl (rank 1)"]
 
 
 def log_records_so_far(log):
