@@ -85,6 +85,12 @@ def sample(model, tokenizer, start_ids, num_samples, max_new_tokens, temperature
     return texts, seconds
 
 
+def true_or_false(text):
+    if text not in ("True", "False"):
+        raise argparse.ArgumentTypeError(f"{text!r}: write True or False (or the flag alone for True)")
+    return text == "True"
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(p)
@@ -95,7 +101,8 @@ def parse_args(argv=None):
     p.add_argument("--top_k", type=int, default=200, help="keep the top_k most likely tokens; 0 = no cut")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context at every step (slower)")
-    p.add_argument("--compile", action="store_true",
+    # --compile=True / False too, as NanoGPT's sample.py takes it
+    p.add_argument("--compile", nargs="?", const=True, default=False, type=true_or_false,
                    help="decode through torch.compile with a fixed-shape cache (CUDA graphs on a GPU); compiling "
                         "takes a while, so it pays for long generations that stay within block_size (past it, "
                         "each step refills the cache eagerly)")

@@ -109,6 +109,18 @@ def test_bad_arguments_print_one_error_line_and_no_output(tmp_path, capsys, args
     assert err.startswith("error:") and re.search(message, err), err
 
 
+@pytest.mark.parametrize("args, compile", [([], False), (["--compile"], True), (["--compile=True"], True),
+                                           (["--compile=False"], False)])
+def test_compile_is_a_flag_or_nanogpts_true_false(args, compile):
+    assert sample.parse_args(args).compile is compile
+
+
+def test_compile_refuses_other_words(capsys):
+    with pytest.raises(SystemExit):
+        sample.parse_args(["--compile=yes"])
+    assert "'yes': write True or False" in capsys.readouterr().err
+
+
 def test_missing_or_unreadable_checkpoint(tmp_path, capsys):
     code, _, err = run(capsys, "--out_dir", tmp_path / "nowhere")
     assert code == 1 and "no checkpoint at" in err
