@@ -75,8 +75,8 @@ def lock_out_dir(out_dir):
 
 
 def check_out_dir_free(out_dir):
-    """OutDirInUse if a live training run holds out_dir's lock; nothing is created or claimed. Ran
-    before a resume reads the checkpoint, it names the real cause where the live run is mid-save."""
+    """OutDirInUse if a live training run holds out_dir's lock; nothing is created or claimed. Where a
+    resume cannot read the checkpoint, this names the real cause if a live run is saving it."""
     try:
         lock = open(Path(out_dir) / LOCK_NAME, "r+", encoding="utf-8")
     except OSError:  # no lock file: no run has held this folder
