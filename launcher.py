@@ -63,6 +63,22 @@ def _pass_signal_to_workers(signum, frame):
             pass
 
 
+def check_processes_per_node(nproc_per_node):
+    """A LaunchError unless --nproc_per_node names at least one process (a number, or torchrun's auto,
+    cpu or gpu where they apply): torchrun itself answers a bare AssertionError or a traceback."""
+    from torch.distributed.run import determine_local_world_size
+
+    try:
+        processes = determine_local_world_size(nproc_per_node)
+    except ValueError as e:
+        processes, problem = 0, str(e).rstrip(".")
+    else:
+        problem = "no process to start"
+    if processes < 1:
+        raise LaunchError(f"--nproc_per_node={nproc_per_node}: {problem}; give the number of training processes "
+                          f"per node (at least 1), or auto")
+
+
 def launch(launcher_args, script, script_args):
     """Run `script` under torch's elastic agent in this process, passing SIGINT and SIGTERM to the
     training processes. Returns 0, or raises LaunchError naming the ranks that failed."""
@@ -70,6 +86,7 @@ def launch(launcher_args, script, script_args):
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import main as torchrun_main
 
+    check_processes_per_node(get_args_parser().parse_known_args([*launcher_args, "x"])[0].nproc_per_node)
     if Path("/proc/self/stat").exists():  # how the workers are found to pass them a signal
         # torch's agent would otherwise install its own handlers for these two
         _, unknown = get_args_parser().parse_known_args(["--signals-to-handle=SIGHUP,SIGQUIT", "x"])

@@ -703,6 +703,15 @@ def test_launcher_options_need_their_value_after_an_equals_sign(capsys):
     assert "--nproc_per_node=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value, problem", [("0", "no process to start"), ("two", "Unsupported nproc_per_node value")])
+def test_a_launch_with_no_process_to_start_is_one_error_line(value, problem, tmp_path, data_dir, capsys):
+    args = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]
+    assert T.main(["--standalone", f"--nproc_per_node={value}", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --nproc_per_node={value}: {problem}") and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 # -----------------------------------------------------------------------------
 # crashes, signals and NaN
 
