@@ -156,7 +156,8 @@ def first_non_finite(checkpoint):
     for index, state in (checkpoint.get("optimizer") or {}).get("state", {}).items():
         named += [(f"optimizer state {index} {key}", value) for key, value in state.items()]
     for name, value in named:
-        if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+        local = value.to_local() if hasattr(value, "to_local") else value  # an FSDP shard: this rank's part
+        if torch.is_tensor(local) and local.is_floating_point() and not torch.isfinite(local).all():
             return name
     return None
 

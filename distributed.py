@@ -102,6 +102,13 @@ def stop_with_launcher():
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def first_on_any_rank(value):
+    """The lowest rank's value that is not None (a collective): what every rank then decides on."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return next((v for v in gathered if v is not None), None)
+
+
 def claim_out_dir(out_dir, launched):
     """Every rank, once the process group exists: rank 0 takes out_dir's lock (checkpoint.lock_out_dir)
     and tells the others whether it got it, so that a run that finds out_dir in use stops on every

@@ -473,6 +473,8 @@ def save(run, reason, evaluated):
     state = {"model": run.raw_model.state_dict(),  # the uncompiled module: no "_orig_mod." prefix
              "optimizer": run.optimizer.state_dict()}
     bad = first_non_finite(state)  # on every rank, before the collective below, so that all stop together
+    if run.fsdp:  # each rank sees its own shards only
+        bad = distributed.first_on_any_rank(bad)
     if bad is not None:
         raise diverged(run, f"{bad} holds NaN or inf values (not saving the {reason} checkpoint)")
     rng = distributed.gather_rng_state(run.generator, run.device, run.ddp)  # a collective under DDP

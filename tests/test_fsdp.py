@@ -114,6 +114,39 @@ def test_fsdp_export_is_not_a_ddp_resume_point(fsdp_run, tmp_path, data_dir):  #
         T.load_resume_checkpoint(fsdp_run, load_checkpoint(fsdp_run)["model_args"])
 
 
+# train.py under FSDP where, after its 2nd optimizer step, one AdamW moment of rank 1's shard only is inf
+INF_ON_RANK_1 = """
+import os, runpy, sys, torch
+real_step = torch.optim.AdamW.step
+steps = []
+def step(self, *args, **kwargs):
+    out = real_step(self, *args, **kwargs)
+    steps.append(1)
+    if len(steps) == 2 and os.environ["RANK"] == "1":
+        moment = self.state[self.param_groups[0]["params"][0]]["exp_avg_sq"]
+        with torch.no_grad():
+            moment.to_local().view(-1)[0] = float("inf")
+    return out
+torch.optim.AdamW.step = step
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_an_inf_in_one_ranks_shard_stops_every_rank_before_the_save(tmp_path, data_dir):  # noqa: F811
+    (tmp_path / "inf_on_rank_1.py").write_text(INF_ON_RANK_1)
+    config = tiny(tmp_path, data_dir, max_iters=4, eval_interval=2, gradient_accumulation_steps=2, parallelism="fsdp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(tmp_path / "inf_on_rank_1.py"), str(REPO / "train.py"), *[f"--{k}={v!r}" for k, v in config.items()]]
+    result = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode != 0
+    assert result.stderr.count("holds NaN or inf values (not saving the") == 2, result.stderr[-3000:]  # both ranks
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["stop_reason"] == "diverged"
+    assert not (tmp_path / "out" / SHARDED_NAME).exists()  # no checkpoint of the diverged state
+
+
 def test_fsdp_config_errors():
     with pytest.raises(T.ConfigError, match="parallelism"):
         T.resolve_config(dict(parallelism="zero3"))
