@@ -34,8 +34,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, lock_out_dir, read_checkpoint_file,
                         save_checkpoint)
+from configurator import ConfigError
 
 PARALLELISMS = ("ddp", "fsdp")
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets
 SHARDED_NAME = "ckpt_sharded"  # the folder in out_dir
 REFUSE_WAIT_SECONDS = 60  # how long a rank other than 0 waits to be stopped when a resume is refused
 TRAIN_STATE_NAME = "train_state.pt"  # inside it, beside the shards
@@ -47,9 +49,19 @@ TRAIN_STATE_NAME = "train_state.pt"  # inside it, beside the shards
 def setup():
     """(ddp, rank, local_rank, world_size). Under torchrun (RANK set) the DDP path is taken even with
     one process, as NanoGPT does."""
-    if int(os.environ.get("RANK", -1)) == -1:
+    if os.environ.get("RANK", "-1") == "-1":
         return False, 0, 0, 1
-    return True, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        rank, local_rank, world_size, _ = (int(os.environ[name]) for name in
+                                           ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"))
+        consistent = 0 <= rank < world_size and local_rank >= 0 and "MASTER_ADDR" in os.environ
+    except (KeyError, ValueError):
+        consistent = False
+    if not consistent:
+        found = ", ".join(f"{name}={os.environ.get(name)!r}" for name in LAUNCH_VARIABLES)
+        raise ConfigError(f"RANK is set, so this is a launched training process, but the launcher's variables "
+                          f"are incomplete or inconsistent ({found}): start it with torchrun, or unset RANK")
+    return True, rank, local_rank, world_size
 
 
 def init_process_group(backend):

@@ -703,6 +703,19 @@ def test_launcher_options_need_their_value_after_an_equals_sign(capsys):
     assert "--nproc_per_node=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("environment", [dict(RANK="0"), dict(RANK="x"), dict(
+    RANK="1", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")])
+def test_an_incomplete_launch_environment_is_one_error_line(environment, tmp_path, data_dir, capsys, monkeypatch):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: RANK is set") and f"RANK={environment['RANK']!r}" in err and "torchrun" in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("value, problem", [("0", "no process to start"), ("two", "Unsupported nproc_per_node value")])
 def test_a_launch_with_no_process_to_start_is_one_error_line(value, problem, tmp_path, data_dir, capsys):
     args = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]
