@@ -6,6 +6,7 @@ did; this launcher passes the signal to them instead, they finish their step, sa
 then it exits 0 too, so that a scheduler or a shell script can tell a clean stop from a failure.
 """
 
+import argparse
 import os
 import signal
 import sys
@@ -27,11 +28,17 @@ def split_launcher_args(argv, config_keys):
     if not candidates:
         return None
     parser = get_args_parser()
-    for arg in candidates:  # "x x": a script and one argument, unless the option takes the first as its value
-        if "=" not in arg and parser.parse_known_args([arg, "x", "x"])[0].training_script_args != ["x"]:
-            raise LaunchError(f"write the launcher option {arg} with its value, as {arg}=VALUE, so that no "
-                              f"value is taken for a config file")
-    _, unknown = parser.parse_known_args([*candidates, "x"])  # what torchrun does not know stays with train.py
+    # torchrun's own spelling only (--nproc=2 stays a config key, which the config parser names), and
+    # a malformed option is one error line rather than torchrun's whole usage
+    parser.allow_abbrev, parser.exit_on_error = False, False
+    try:
+        for arg in candidates:  # "x x": a script and one argument, unless the option takes the first as its value
+            if "=" not in arg and parser.parse_known_args([arg, "x", "x"])[0].training_script_args != ["x"]:
+                raise LaunchError(f"write the launcher option {arg} with its value, as {arg}=VALUE, so that no "
+                                  f"value is taken for a config file")
+        _, unknown = parser.parse_known_args([*candidates, "x"])  # what torchrun does not know stays with train.py
+    except argparse.ArgumentError as e:
+        raise LaunchError(f"launcher option {e}") from None
     launcher = [a for a in candidates if a not in unknown]
     return (launcher, [a for a in argv if a not in launcher]) if launcher else None
 
@@ -99,4 +106,7 @@ def launch(launcher_args, script, script_args):
     except ChildFailedError as e:
         codes = ", ".join(f"rank {rank} exit code {f.exitcode}" for rank, f in sorted(e.failures.items()))
         raise LaunchError(f"a training process failed ({codes}); its messages are above") from None
+    except (ValueError, RuntimeError) as e:  # torchrun's own checks, its rendezvous (e.g. a port in use)
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise LaunchError(f"torchrun could not start the training processes: {type(e).__name__}: {first_line}") from None
     return 0

@@ -7,6 +7,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -701,6 +702,24 @@ def test_ddp_interrupted_by_ctrl_c_exits_0(tmp_path, data_dir):
 def test_launcher_options_need_their_value_after_an_equals_sign(capsys):
     assert T.main(["--nproc_per_node", "2", "config/quickstart.py"]) == 1
     assert "--nproc_per_node=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, message", [
+    ("--nproc=2", "unknown config key 'nproc'"),  # not an abbreviation of torchrun's --nproc_per_node
+    ("--standalone=True", "launcher option argument --standalone: ignored explicit argument 'True'"),
+    ("--nnodes=x", "torchrun could not start the training processes: ValueError"),
+    ("--master_port=PORT_IN_USE", "torchrun could not start the training processes: DistNetworkError"),
+])
+def test_a_launch_torchrun_refuses_is_one_error_line(option, message, tmp_path, data_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        option = option.replace("PORT_IN_USE", str(taken.getsockname()[1]))
+        args = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]
+        result = subprocess.run([sys.executable, str(REPO / "train.py"), "--nproc_per_node=1", option, *args],
+                                cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
 
 
 @pytest.mark.parametrize("environment", [dict(RANK="0"), dict(RANK="x"), dict(
