@@ -529,7 +529,8 @@ def main(argv=None):
         return 0
     try:
         launcher = split_launcher_args(argv, DEFAULT_CONFIG)
-        if launcher:
+        if launcher:  # the config read here first: a bad key is one error line, not one per process
+            get_config(launcher[1])
             return launch(launcher[0], Path(__file__).resolve(), launcher[1])
         train(get_config(argv))
     except (ConfigError, DataError, CheckpointError, NonFiniteLossError, LaunchError) as e:
