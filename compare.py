@@ -34,15 +34,22 @@ The results land in
 """
 
 import argparse
+import contextlib
+import json
 import math
+import signal
 import sys
 from pathlib import Path
 
 import frontier
+from atomic import write_text_atomic
+from checkpoint import CHECKPOINT_NAME, CheckpointError
 from data import config_data_dir
+from eval_hellaswag import HellaSwagError, check_encodable, evaluate_checkpoint, load_examples
 from model import ATTENTION_CLASSES, ATTENTION_VARIANTS
-from tokenizer import read_meta, tokenizer_from_meta
+from tokenizer import TokenizerUnavailableError, read_meta, tokenizer_from_meta
 
+HELLASWAG_NAME = "compare_hellaswag.json"  # in each run's folder: its scores, and what they score
 BUDGET_FLAGS = {"tokens": "budget_tokens", "flops": "budget_flops", "time": "budget_seconds"}
 
 
@@ -78,6 +85,8 @@ def check_args(parser, args, train_overrides):
     unknown = [v for v in args.variants + [args.reference] if v not in ATTENTION_CLASSES]
     if unknown or not args.variants:
         parser.error(f"--variants/--reference: {','.join(unknown) or '(none)'}: choose among {', '.join(ATTENTION_CLASSES)}")
+    if len(set(args.variants)) != len(args.variants):  # both would train into one folder
+        parser.error(f"--variants={','.join(args.variants)}: a variant is listed twice")
     if args.seeds < 1 or args.probe_iters < 2:
         parser.error("--seeds must be at least 1 and --probe_iters at least 2")
     if not Path(args.config).is_file():
@@ -116,6 +125,10 @@ def parse_learning_rates(parser, text):
         parser.error(f"--learning_rates={text}: give comma-separated numbers, e.g. 5e-4,1e-3,2e-3")
     if not all(math.isfinite(lr) and lr > 0 for lr in rates) or len(set(rates)) != len(rates):
         parser.error(f"--learning_rates={text}: each must be a positive number, listed once")
+    spellings = [f"{lr:g}" for lr in rates]  # what names the run folders and the table's columns
+    if len(set(spellings)) != len(spellings):
+        parser.error(f"--learning_rates={text}: two rates are equal to 6 significant digits ({', '.join(spellings)}), "
+                     f"which name the run folders: space them further apart")
     return sorted(rates)
 
 
@@ -139,8 +152,6 @@ def describe_plan(args, plan, budgets):
 def check_hellaswag_file(args, train_overrides):
     """A HellaSwag file that cannot be read, or that the dataset's tokenizer cannot encode, is refused
     before the sweep trains, not after."""
-    from eval_hellaswag import HellaSwagError, check_encodable, load_examples
-
     try:
         examples = load_examples(args.hellaswag_file, args.hellaswag_limit)
     except HellaSwagError as e:
@@ -159,21 +170,75 @@ def check_hellaswag_file(args, train_overrides):
 def add_hellaswag(summaries, plan, args):
     """Each final checkpoint's HellaSwag scores into its summary; in a --learning_rates sweep only those
     of the runs at each variant's best learning rate, which are the ones compared."""
-    from eval_hellaswag import evaluate_checkpoint
-
     if args.learning_rates:
         best = frontier.best_learning_rates(list(summaries.values()), {run.size for run in plan}, args.variants)
         plan = [run for run in plan if best.get((run.size, run.variant)) == run.learning_rate]
     for run in plan:
-        results = evaluate_checkpoint(run.run_dir, args.hellaswag_file, args.hellaswag_limit)
-        summaries[run.run_dir].update({f"hellaswag_{k}": results[k] for k in ("acc", "acc_norm", "acc_char_norm")})
+        summaries[run.run_dir].update({f"hellaswag_{k}": v for k, v in hellaswag_scores(run.run_dir, args).items()})
+
+
+def hellaswag_scores(run_dir, args):
+    """A run's HellaSwag scores, kept in its folder with what they score (the file, the limit, the
+    checkpoint), so that a rerun after a Ctrl-C scores only the runs not scored yet."""
+    def stamp(path):
+        return [str(Path(path).resolve()), Path(path).stat().st_size, Path(path).stat().st_mtime_ns]
+
+    scored = {"hellaswag_file": stamp(args.hellaswag_file), "limit": args.hellaswag_limit,
+              "checkpoint": stamp(run_dir / CHECKPOINT_NAME)}
+    kept = frontier.read_json(run_dir / HELLASWAG_NAME)
+    if kept and kept["scored"] == scored:
+        return kept["scores"]
+    results = evaluate_checkpoint(run_dir, args.hellaswag_file, args.hellaswag_limit)
+    scores = {k: results[k] for k in ("acc", "acc_norm", "acc_char_norm")}
+    write_text_atomic(run_dir / HELLASWAG_NAME, json.dumps({"scored": scored, "scores": scores}))
+    return scores
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that both stop work done in this process alike."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir):
+    """results.md, results.json and the plots (frontier.write_report); returns the markdown."""
+    command = frontier.shell_join(["python", "compare.py", *argv])
+    seeds_note = f"mean ± standard deviation over {args.seeds} seeds" if args.seeds > 1 else "one seed"
+    header = f"Command: `{command}` ({seeds_note}; ranking in parentheses, 1 = best)"
+    extra = {"command": command, "config": args.config, "train_overrides": train_overrides, "match": args.match,
+             "reference": args.reference, "seeds": args.seeds, "learning_rates": args.learning_rates}
+    return frontier.write_report(out_dir, header, plan, budgets, list(summaries.values()), args.variants,
+                                 args.reference, args.seeds, extra)
+
+
+def score_hellaswag(args, argv, train_overrides, plan, budgets, summaries, out_dir):
+    """The report without HellaSwag first, so that a Ctrl-C or an error while scoring loses none of the
+    rest; then the scores, and the report again with them. Returns (exit status, markdown)."""
+    markdown = write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir)
+    try:
+        with sigterm_as_ctrl_c():
+            add_hellaswag(summaries, plan, args)
+    except KeyboardInterrupt:
+        print(f"stopped while scoring HellaSwag: {out_dir / 'results.md'} holds every other column; rerun the same "
+              f"command for the scores (runs scored already are not scored again)", file=sys.stderr)
+        return 130, markdown
+    except (HellaSwagError, CheckpointError, TokenizerUnavailableError) as e:
+        print(f"error: scoring HellaSwag: {e} ({out_dir / 'results.md'} holds every other column)", file=sys.stderr)
+        return 1, markdown
+    return 0, write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, train_overrides = parse_args(argv)
     out_dir = Path(args.out_dir).resolve()
-    command = frontier.shell_join(["python", "compare.py", *argv])
     try:
         if args.hellaswag_file:
             check_hellaswag_file(args, train_overrides)
@@ -188,14 +253,11 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.hellaswag_file:
-        add_hellaswag(summaries, plan, args)
-
-    seeds_note = f"mean ± standard deviation over {args.seeds} seeds" if args.seeds > 1 else "one seed"
-    header = f"Command: `{command}` ({seeds_note}; ranking in parentheses, 1 = best)"
-    extra = {"command": command, "config": args.config, "train_overrides": train_overrides, "match": args.match,
-             "reference": args.reference, "seeds": args.seeds, "learning_rates": args.learning_rates}
-    markdown = frontier.write_report(out_dir, header, plan, budgets, list(summaries.values()), args.variants,
-                                     args.reference, args.seeds, extra)
+        code, markdown = score_hellaswag(args, argv, train_overrides, plan, budgets, summaries, out_dir)
+        if code:
+            return code
+    else:
+        markdown = write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir)
     print(f"\n{markdown}\nwrote {out_dir / 'results.md'}, {out_dir / 'results.json'} and the plots beside them")
     return 0
 

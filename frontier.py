@@ -14,6 +14,7 @@ import json
 import math
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
 from configurator import MODEL_ARG_KEYS, ConfigError, format_override, get_config, parse_override, resolve_config
 from data import choose_vocab_size, config_data_dir
+from distributed import SHARDED_NAME
 from model import GPT, GPTConfig
 from tokenizer import read_meta
 
@@ -36,6 +38,7 @@ REPO = Path(__file__).resolve().parent
 MATCHES = ("iters", "tokens", "flops", "time")
 RECORD_NAME = "compare_run.json"  # beside each run's files: the train.py arguments it was planned with
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd")
+MIN_COMPUTE_SPAN = 1.25  # a fit of loss on compute needs sizes whose training FLOPs differ by more than this factor
 # named shapes (n_layer, n_head, n_embd): three CPU sizes, and GPT-2-like ones for a GPU (10-100M parameters)
 SIZE_PRESETS = {
     "cpu-s": (2, 2, 64), "cpu-m": (4, 4, 128), "cpu-l": (6, 6, 192),
@@ -74,7 +77,7 @@ def parse_sizes(text):
             raise SweepError(f"--sizes: {n_layer}x{n_head}x{n_embd}: n_embd must be a multiple of n_head")
     if len(set(sizes)) != len(sizes):
         raise SweepError("--sizes: a size is listed twice")
-    return sorted(sizes, key=lambda s: s[0] * s[2] ** 2)  # smallest first: a sweep shows its trend early
+    return sizes
 
 
 def size_label(shape):
@@ -132,9 +135,14 @@ def model_flops_per_token(c):
         return GPT(GPTConfig(**args)).flops_per_token()
 
 
-def iterations_for_budget(budget, cost_per_iter):
-    """The nearest whole number of iterations whose cost reaches the budget, at least 1."""
-    return max(1, round(budget / cost_per_iter))
+def iterations_for_budget(budget, cost_per_iter, what):
+    """The nearest whole number of iterations whose cost reaches the budget; a budget that rounds to
+    none is an error, not one iteration far over it."""
+    iterations = round(budget / cost_per_iter)
+    if iterations < 1:
+        raise SweepError(f"the budget {budget:.4g} is less than half an iteration of {what} ({cost_per_iter:.4g}): "
+                         f"raise it")
+    return iterations
 
 
 def scaled_schedule(c, iterations, match):
@@ -156,21 +164,24 @@ def train_command(launcher, train_args):
 
 def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_iters, launcher):
     """Seconds per training step of this variant on this machine, launched as the runs will be, from a
-    short train.py run (kept in probe_dir, so that a rerun plans the same iterations)."""
-    summary = read_json(probe_dir / SUMMARY_NAME)
-    if not (summary and summary["stop_reason"] == "max_iters"):
-        probe_dir.mkdir(parents=True, exist_ok=True)
-        settings = dict(attention=variant, out_dir=str(probe_dir), max_iters=probe_iters, lr_decay_iters=probe_iters,
-                        warmup_iters=0, eval_interval=probe_iters, eval_iters=1, log_interval=probe_iters,
-                        always_save_checkpoint=False)
-        command = train_command(launcher, [config_file, *overrides,
-                                           *(format_override(key, value) for key, value in settings.items())])
+    short train.py run kept in probe_dir, so that a rerun plans the same iterations. A probe of other
+    settings (another batch size, launcher or probe length) is run again."""
+    settings = dict(attention=variant, out_dir=str(probe_dir), max_iters=probe_iters, lr_decay_iters=probe_iters,
+                    warmup_iters=0, eval_interval=probe_iters, eval_iters=1, log_interval=probe_iters,
+                    always_save_checkpoint=False)
+    train_args = [config_file, *overrides, *(format_override(key, value) for key, value in settings.items())]
+    record, summary = read_json(probe_dir / RECORD_NAME), read_json(probe_dir / SUMMARY_NAME)
+    if not (record and record["launcher"] == launcher and same_plan(record["train_args"], train_args)
+            and summary and summary["stop_reason"] == "max_iters"):
+        shutil.rmtree(probe_dir, ignore_errors=True)
+        probe_dir.mkdir(parents=True)
         with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
-            code = forwarder.run(command, stdout=log, stderr=subprocess.STDOUT)
+            code = forwarder.run(train_command(launcher, train_args), stdout=log, stderr=subprocess.STDOUT)
         if forwarder.received:
             raise SweepInterrupted(forwarder.received)
         if code != 0:
             raise RunFailed(f"the timing probe of {variant} failed with exit code {code}; see {probe_dir / 'probe.log'}")
+        write_text_atomic(probe_dir / RECORD_NAME, json.dumps({"launcher": launcher, "train_args": train_args}))
         summary = read_json(probe_dir / SUMMARY_NAME)
     return summary["mean_ms_per_iter"] / 1000
 
@@ -197,27 +208,37 @@ def run_name(variant, learning_rate, seed):
     return f"{variant}-seed{seed}" if learning_rate is None else f"{variant}-lr{learning_rate:g}-seed{seed}"
 
 
-def plan_size(args, overrides, shape, out_dir):
-    """The runs of one size: each variant's iterations under the budget, for every learning rate of the
-    sweep (the config's alone without --learning_rates) and every seed."""
-    shape_args = [format_override(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
-    c = resolved_config(args.config, overrides + shape_args)
-    label = size_label(tuple(c[k] for k in SHAPE_KEYS))
-    variants = list(dict.fromkeys([*args.variants, args.reference]))
+def variant_costs(args, overrides, c, label, out_dir):
+    """{variant: (training FLOPs per token, what one iteration spends of the budget)} at one size, for
+    the sweep's variants and its reference; with --match=time each one's step is timed first."""
     costs = {}
-    for variant in variants:
+    for variant in dict.fromkeys([*args.variants, args.reference]):
         cv = c | {"attention": variant}
         seconds = None
         if args.match == "time":
-            probe_dir = out_dir / "probes" / label / variant
-            seconds = probe_seconds_per_iter(args.config, overrides + shape_args, variant, probe_dir, args.probe_iters,
-                                             args.launcher)
+            seconds = probe_seconds_per_iter(args.config, overrides, variant, out_dir / "probes" / label / variant,
+                                             args.probe_iters, args.launcher)
         flops_per_token = model_flops_per_token(cv)
         costs[variant] = (flops_per_token, cost_per_iter(args.match, cv, flops_per_token, seconds))
+    return costs
+
+
+def plan_size(args, overrides, shape, out_dir):
+    """The runs of one size: each variant's iterations under the budget, for every learning rate of the
+    sweep (the config's alone without --learning_rates) and every seed. Returns (label, budget, runs,
+    the reference's FLOPs per token)."""
+    shape_args = [format_override(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
+    c = resolved_config(args.config, overrides + shape_args)
+    label = size_label(tuple(c[k] for k in SHAPE_KEYS))
+    if args.match != "iters" and c["max_iters"] < 1:
+        raise SweepError(f"--match={args.match} stretches the config's schedule by each run's iterations / max_iters: "
+                         f"max_iters must be at least 1 (it is {c['max_iters']})")
+    costs = variant_costs(args, overrides + shape_args, c, label, out_dir)
     budget = args.budget or costs[args.reference][1] * c["max_iters"]
     runs = {}
     for variant in args.variants:
-        iterations = iterations_for_budget(budget, costs[variant][1])
+        iterations = (c["max_iters"] if args.match == "iters"
+                      else iterations_for_budget(budget, costs[variant][1], f"{variant} at {label}"))
         schedule = scaled_schedule(c, iterations, args.match)
         for lr, seed in ((lr, seed) for lr in args.learning_rates or [None] for seed in range(args.seeds)):
             run_dir = (out_dir / label if shape else out_dir) / run_name(variant, lr, seed)
@@ -225,19 +246,22 @@ def plan_size(args, overrides, shape, out_dir):
                             **learning_rate_settings(c, lr))
             train_args = [args.config, *overrides, *shape_args, *(format_override(k, v) for k, v in settings.items())]
             resolved_config(args.config, train_args[1:])  # every run's settings are checked before any trains
-            runs[variant, lr, seed] = PlannedRun(label, variant, seed, iterations, schedule, costs[variant][0],
-                                                 cost_per_iter("tokens", c, 0, None), run_dir, train_args, lr)
-    return label, budget, runs
+            runs[variant, lr, seed] = PlannedRun(
+                size=label, variant=variant, seed=seed, iterations=iterations, schedule=schedule,
+                flops_per_token=costs[variant][0], tokens_per_iter=cost_per_iter("tokens", c, 0, None),
+                run_dir=run_dir, train_args=train_args, learning_rate=lr)
+    return label, budget, runs, costs[args.reference][0]
 
 
 def plan_sweep(args, overrides, out_dir):
-    """Every run of the sweep, seeds outermost, then sizes (smallest first), then variants, then learning
+    """Every run of the sweep, seeds outermost, then sizes (in order of the reference's FLOPs per token:
+    a sweep shows its trend early, and the last size is the largest), then variants, then learning
     rates; and the budget of each size."""
-    shapes = args.sizes or [None]
-    sized = [plan_size(args, overrides, shape, out_dir) for shape in shapes]
-    plan = [runs[variant, lr, seed] for seed in range(args.seeds) for _, _, runs in sized
+    sized = sorted((plan_size(args, overrides, shape, out_dir) for shape in args.sizes or [None]),
+                   key=lambda planned: planned[3])
+    plan = [runs[variant, lr, seed] for seed in range(args.seeds) for _, _, runs, _ in sized
             for variant in args.variants for lr in args.learning_rates or [None]]
-    return plan, {label: budget for label, budget, _ in sized}
+    return plan, {label: budget for label, budget, _, _ in sized}
 
 
 # -----------------------------------------------------------------------------
@@ -311,6 +335,10 @@ def run_status(run):
     """'done', 'resume' or 'new'; a run folder planned with other settings is an error."""
     record = read_json(run.run_dir / RECORD_NAME)
     if record is None:
+        found = [name for name in (CHECKPOINT_NAME, SUMMARY_NAME, LOG_NAME, SHARDED_NAME) if (run.run_dir / name).exists()]
+        if found:  # a plain train.py run, or a sweep's whose record is gone: not ours to overwrite
+            raise SweepError(f"{run.run_dir} holds a training run ({', '.join(found)}) that this sweep did not plan "
+                             f"(it has no {RECORD_NAME}): move it away, or choose another --out_dir")
         return "new"
     if not same_plan(record["train_args"], run.train_args):
         raise SweepError(f"{run.run_dir} holds a run planned with other settings (its {RECORD_NAME} differs): "
@@ -329,12 +357,21 @@ def diverged_in_a_learning_rate_sweep(run, summary):
     return run.learning_rate is not None and summary["stop_reason"] == "diverged"
 
 
+SEGMENT_KEYS = ("wall_time_s", "iterations_this_run", "mean_ms_per_iter", "peak_memory_bytes")
+
+
+def record_run(run, segments):
+    """compare_run.json: the arguments the run was planned with, and what each of its train.py
+    processes so far (one, or one per resume) reported of its own segment."""
+    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "segments": segments}))
+
+
 def train_once(run, status, launcher, forwarder):
-    """Train (or resume) one planned run; returns its summary with the wall time of all its segments."""
+    """Train (or resume) one planned run; returns its summary."""
     record = read_json(run.run_dir / RECORD_NAME) if status == "resume" else None
-    segments = record["wall_time_s"] if record else []
+    segments = record.get("segments", []) if record else []
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "wall_time_s": segments}))
+    record_run(run, segments)
     args = run.train_args + (["--init_from=resume"] if status == "resume" else [])
     command = train_command(launcher, args)
     print(shell_join(command), flush=True)
@@ -342,8 +379,7 @@ def train_once(run, status, launcher, forwarder):
     summary = read_json(run.run_dir / SUMMARY_NAME)
     diverged = summary is not None and diverged_in_a_learning_rate_sweep(run, summary)
     if summary is not None and (code == 0 or diverged):
-        segments = segments + [summary["wall_time_s"]]
-        write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "wall_time_s": segments}))
+        record_run(run, segments + [{key: summary[key] for key in SEGMENT_KEYS}])
     if forwarder.received:
         raise SweepInterrupted(forwarder.received)
     if diverged:
@@ -354,11 +390,24 @@ def train_once(run, status, launcher, forwarder):
     return summary
 
 
+def over_segments(summary, segments):
+    """A resumed run's wall time summed over its train.py processes, and its speed and peak memory over
+    all of them, not only the last (whose few steps may be its warm-up)."""
+    if not segments:
+        return summary
+    timed = [(max(s["iterations_this_run"] - 1, 1), s["mean_ms_per_iter"]) for s in segments
+             if s["mean_ms_per_iter"] is not None]  # each segment's first step is its warm-up
+    ms_per_iter = sum(n * ms for n, ms in timed) / sum(n for n, _ in timed) if timed else None
+    memory = [s["peak_memory_bytes"] for s in segments if s["peak_memory_bytes"] is not None]
+    return summary | {"wall_time_s": sum(s["wall_time_s"] for s in segments),
+                      "mean_ms_per_iter": ms_per_iter,
+                      "tokens_per_s": summary["tokens_per_iter"] / (ms_per_iter / 1000) if ms_per_iter else None,
+                      "peak_memory_bytes": max(memory, default=None)}
+
+
 def finished_summary(run):
     """A run's summary as the tables use it: its totals over every segment, and derived columns."""
-    summary = read_json(run.run_dir / SUMMARY_NAME)
-    record = read_json(run.run_dir / RECORD_NAME)
-    summary["wall_time_s"] = sum(record["wall_time_s"]) or summary["wall_time_s"]
+    summary = over_segments(read_json(run.run_dir / SUMMARY_NAME), read_json(run.run_dir / RECORD_NAME).get("segments"))
     summary |= {"size": run.size, "seed": run.seed, "training_flops": run.flops_per_token * summary["tokens_per_iter"]
                 * summary["iterations"], "tokens": summary["tokens_per_iter"] * summary["iterations"]}
     if run.learning_rate is not None:
@@ -493,11 +542,21 @@ def fit_floor(C, L, grid_points=200, refinements=80):
     return (lo + hi) / 2
 
 
+def why_no_fit(C):
+    """Why val loss cannot be fitted against these per-size training FLOPs of one variant, or None."""
+    if len(C) < 3:
+        return f"{len(C)} size{'s' if len(C) != 1 else ''}; a fit needs 3"
+    if max(C) < MIN_COMPUTE_SPAN * min(C):
+        return (f"every size trained on about the same FLOPs (they span {max(C) / min(C):.2f}x): a profile at one "
+                f"budget, not a curve")
+    return None
+
+
 def fit_loss_curve(C, L):
     """Saturating power law L = E + A C^-alpha from 4 points on, the plain power law (E = 0) from 3;
-    None below 3 (no fit). C and L are per-size values of one variant."""
+    None where why_no_fit says why not. C and L are per-size values of one variant."""
     C, L = np.asarray(C, dtype=float), np.asarray(L, dtype=float)
-    if len(C) < 3:
+    if why_no_fit(C):
         return None
     E = fit_floor(C, L) if len(C) >= 4 else 0.0
     A, alpha = fit_power_law(C, L, E)
@@ -508,8 +567,8 @@ def fit_loss_curve(C, L):
 
 def compute_for_loss(fit, loss):
     """The compute at which the fitted curve reaches `loss`, or None outside the measured range (no
-    extrapolation)."""
-    if fit is None or loss <= fit["E"] or fit["alpha"] == 0:
+    extrapolation), or where the loss does not fall with compute."""
+    if fit is None or loss <= fit["E"] or fit["alpha"] <= 0:
         return None
     C = (fit["A"] / (loss - fit["E"])) ** (1 / fit["alpha"])
     low, high = fit["compute_range"]
@@ -549,7 +608,8 @@ def analyse(summaries, labels, variants, reference, seeds, target=None):
     largest size as its fitted curve gives it (so the reference needs exactly its largest budget; its
     measured loss there, off the curve by a residual, could fall outside the range), or the measured
     loss when there is no fit."""
-    fits = {v: fit_loss_curve(*variant_points(summaries, v, labels, "training_flops")[:2]) for v in variants}
+    points = {v: variant_points(summaries, v, labels, "training_flops")[:2] for v in variants}
+    fits = {v: fit_loss_curve(*points[v]) for v in variants}
     per_seed_target = target  # None: each seed's own reference curve sets its target
     if target is None and fits.get(reference):
         target = fitted_loss_at_largest(fits[reference])
@@ -564,20 +624,44 @@ def analyse(summaries, labels, variants, reference, seeds, target=None):
             needs[variant]["ratio"] = compute_ratio(summaries, labels, variant, reference, target)
             needs[variant]["ratio_per_seed"] = [compute_ratio(summaries, labels, variant, reference, per_seed_target,
                                                               seed) for seed in range(seeds)]
-    return {"reference": reference, "target_loss": target, "fits": fits, "compute_for_target": needs}
+    return {"reference": reference, "target_loss": target, "fits": fits, "compute_for_target": needs,
+            "no_fit": {v: why_no_fit(points[v][0]) for v in variants}}
 
 
-def fit_cell(fit, n_sizes):
+def fit_cell(analysis, variant):
+    fit = analysis["fits"][variant]
     if fit is None:
-        return f"no fit ({n_sizes} size{'s' if n_sizes != 1 else ''}; a fit needs 3)"
+        return f"no fit ({analysis['no_fit'][variant]})"
     floor = f"E={fit['E']:.3f}, " if fit["law"].startswith("E") else ""
+    rising = "; loss rises with compute" if fit["alpha"] <= 0 else ""
     return (f"{floor}A={fit['A']:.3g}, α={fit['alpha']:.3f} ({fit['law']}); "
-            f"largest residual {max(fit['residuals'], key=abs):+.4f}")
+            f"largest residual {max(fit['residuals'], key=abs):+.4f}{rising}")
 
 
-def ratio_cell(need):
+def no_compute_reason(analysis, variant):
+    """Why a variant's compute for the target loss is not known for a reason other than lying outside
+    its measured range, or None."""
+    fit = analysis["fits"].get(variant)
+    if analysis["target_loss"] is None:
+        return f"n/a: no {analysis['reference']} run sets the target"
+    if fit is None:
+        return f"n/a: no fit of {variant}"
+    if fit["alpha"] <= 0:
+        return f"n/a: {variant}'s loss rises with compute"
+    return None
+
+
+def compute_cell(analysis, variant):
+    need = analysis["compute_for_target"][variant]
+    if need["compute"] is not None:
+        return f"{need['compute']:.3g}"
+    return no_compute_reason(analysis, variant) or "out of range"
+
+
+def ratio_cell(analysis, variant):
+    need = analysis["compute_for_target"][variant]
     if need["ratio"] is None:
-        return "out of range"
+        return no_compute_reason(analysis, variant) or no_compute_reason(analysis, analysis["reference"]) or "out of range"
     seeds = [f"{r:.2f}x" if r is not None else "out of range" for r in need["ratio_per_seed"]]
     return f"{need['ratio']:.2f}x" + (f" (per seed: {', '.join(seeds)})" if len(seeds) > 1 else "")
 
@@ -594,9 +678,7 @@ def summary_table(summaries, labels, budgets, analysis, variants, n_seeds):
         for label in labels:
             rows = [r["final_val_loss"] for r in summaries if r["attention"] == variant and r["size"] == label]
             cells.append(mean_cell(loss_stats(rows), "{:.4f}", n_seeds) if rows else "n/a")
-        need = analysis["compute_for_target"][variant]
-        compute = f"{need['compute']:.3g}" if need["compute"] is not None else "out of range"
-        cells += [fit_cell(analysis["fits"][variant], len(labels)), compute, ratio_cell(need)]
+        cells += [fit_cell(analysis, variant), compute_cell(analysis, variant), ratio_cell(analysis, variant)]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -226,6 +226,28 @@ def test_a_time_matched_sweep_plans_from_its_probes_and_a_rerun_reuses_them(tiny
 
 
 @pytest.mark.slow
+def test_a_timing_probe_of_other_settings_is_run_again(tiny_run):
+    config, out_dir = tiny_run
+    probe = out_dir / "probes" / "1x2x16" / "efficient"
+    argv = ["--variants=efficient", "--reference=efficient", "--match=time", "--probe_iters=2"]
+    plan(config, out_dir, *argv)
+    first = (probe / "summary.json").read_bytes()
+    plan(config, out_dir, *argv)
+    assert (probe / "summary.json").read_bytes() == first  # the same settings: the same probe
+    plan(config, out_dir, *argv, "--batch_size=8")  # twice the tokens per step: another step time
+    assert json.loads((probe / "summary.json").read_text())["tokens_per_iter"] == 8 * 16
+
+
+def test_sizes_are_ordered_by_their_compute(tiny_run):
+    """At block_size 1024 one layer of 256 costs less per token than twelve of 64 (attention's T terms):
+    the last size, whose losses loss.png plots, is the largest."""
+    config, out_dir = tiny_run
+    _, budgets = plan(config, out_dir, "--variants=standard", "--match=flops", "--sizes=12x4x64,1x1x256",
+                      "--block_size=1024")
+    assert list(budgets) == ["1x1x256", "12x4x64"] and budgets["1x1x256"] < budgets["12x4x64"]
+
+
+@pytest.mark.slow
 def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
     """Under torchrun an iteration's micro-batches are split over the processes: a probe without the
     launcher would time another thing than the runs do."""
@@ -244,6 +266,7 @@ def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
 
 @pytest.mark.parametrize("argv, message", [
     (["--variants=standard,fast"], "choose among standard, optimized, efficient, super"),
+    (["--variants=standard,efficient,standard"], "a variant is listed twice"),  # one folder, trained twice
     (["--attention=super"], "sets attention, seed, out_dir and init_from itself"),
     (["--seed=3"], "sets attention, seed, out_dir and init_from itself"),  # train.py's seed, not --seeds
     (["--max_iters", "5"], "passed as --key=value"),
@@ -257,6 +280,7 @@ def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
     (["--learning_rates=1e-3,fast"], "give comma-separated numbers"),
     (["--learning_rates=1e-3,0"], "each must be a positive number, listed once"),
     (["--learning_rates=1e-3,1e-3"], "each must be a positive number, listed once"),
+    (["--learning_rates=1e-3,1.0000001e-3"], "equal to 6 significant digits"),  # would share a run folder
     (["--learning_rates=1e-3", "--min_lr=1e-5"], "each run's learning_rate and min_lr are set from the list"),
 ])
 def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, message, capsys):
@@ -277,6 +301,42 @@ def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: --hellaswag_file: ") and path.name in err[0]
         assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--match=flops", "--max_iters=0"], "max_iters must be at least 1"),
+    (["--match=tokens", "--budget_tokens=10"], "is less than half an iteration of"),  # an iteration is 64 tokens
+])
+def test_a_budget_that_cannot_be_planned_is_one_error_line(tiny_run, argv, message, capsys):
+    config, out_dir = tiny_run
+    assert compare.main([str(config), f"--out_dir={out_dir}", *argv]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not out_dir.exists()
+
+
+def test_a_stop_while_scoring_hellaswag_keeps_the_tables_and_the_scores_so_far(tiny_run, monkeypatch, capsys):
+    config, out_dir = tiny_run
+    hellaswag = config.parent / "hellaswag.jsonl"
+    hellaswag.write_text(json.dumps({"ctx": "To be, or", "endings": [" not", " to", " be", " that"], "label": 0}) + "\n")
+    scored = []
+
+    def score(run_dir, data_file, limit):  # what is tested is the sweep around the scoring
+        scored.append(run_dir.name)
+        if len(scored) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler stopping the job would
+        return {"acc": 0.25, "acc_norm": 0.5, "acc_char_norm": 0.75}
+
+    monkeypatch.setattr(compare, "evaluate_checkpoint", score)
+    argv = [str(config), "--variants=standard,efficient", f"--out_dir={out_dir}", f"--hellaswag_file={hellaswag}",
+            "--max_iters=2"]
+    assert compare.main(argv) == 130
+    assert "stopped while scoring HellaSwag" in capsys.readouterr().err
+    table = (out_dir / "results.md").read_text()
+    assert "| val loss |" in table and "HellaSwag" not in table
+    assert compare.main(argv) == 0
+    assert scored == ["standard-seed0", "efficient-seed0", "efficient-seed0"]  # standard's score was kept
+    table = (out_dir / "results.md").read_text()
+    assert "| HellaSwag acc |" in table and table.count("| 0.2500 (1) |") == 2
 
 
 def test_a_learning_rate_sweep_needs_the_configs_learning_rate_for_min_lrs_ratio(tiny_run, capsys):
@@ -362,6 +422,35 @@ def test_missing_matplotlib_or_scipy_skips_only_the_plots(tmp_path, monkeypatch,
     summary = markdown.split("## Summary")[1]
     assert "E=1.000, A=30, α=0.100 (E + A*C^-alpha)" in summary and "| 1.00x |" in summary
     assert json.loads((tmp_path / "results.json").read_text())["analysis"]["fits"]["efficient"] is not None
+
+
+def test_sizes_trained_on_one_budget_are_a_profile_not_a_fit(tmp_path):
+    """An explicit --budget_flops gives every size the same compute: loss against compute has one x."""
+    rows, budgets = synthetic_summaries(["standard", "efficient"], seeds=1)
+    for row in rows:
+        row["training_flops"] = 1e12 * (1 + 0.01 * "s m l xl".split().index(row["size"]))  # rounding's spread
+    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, ["standard", "efficient"], "standard", 1, {})
+    summary = markdown.split("## Summary")[1]
+    assert summary.count("no fit (every size trained on about the same FLOPs (they span 1.03x)") == 2
+    assert "| n/a: no fit of standard | n/a: no fit of standard |" in summary and "x |" not in summary
+
+
+def test_a_loss_that_rises_with_compute_has_no_compute_for_the_target(tmp_path):
+    rows, budgets = synthetic_summaries(["standard", "efficient"], seeds=1)
+    for row in rows:
+        if row["attention"] == "efficient":
+            row["final_val_loss"] = 2.0 + 0.01 * math.log10(row["training_flops"])
+    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, ["standard", "efficient"], "standard", 1, {})
+    efficient = next(line for line in markdown.split("## Summary")[1].splitlines() if line.startswith("| efficient"))
+    assert "loss rises with compute | n/a: efficient's loss rises with compute | n/a: efficient's loss" in efficient
+
+
+def test_a_reference_outside_the_variants_sets_no_target(tmp_path):
+    rows, budgets = synthetic_summaries(["optimized", "efficient"], seeds=1)
+    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, ["optimized", "efficient"], "standard", 1, {})
+    summary = markdown.split("## Summary")[1]
+    assert "compute for loss (none)" in summary and "out of range" not in summary
+    assert summary.count("| n/a: no standard run sets the target | n/a: no standard run sets the target |") == 2
 
 
 def test_fewer_than_three_sizes_say_so_instead_of_fitting(tmp_path):
@@ -457,6 +546,29 @@ def test_a_rerun_with_other_settings_is_refused(tiny_run, capsys):
     assert compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", "--max_iters=3"]) == 1
     assert "planned with other settings" in capsys.readouterr().err
     assert json.loads((out_dir / "efficient-seed0" / "summary.json").read_text())["iterations"] == 2
+
+
+def test_a_run_folder_the_sweep_did_not_plan_is_never_overwritten(tiny_run, capsys):
+    config, out_dir = tiny_run
+    theirs = out_dir / "standard-seed0"  # where the sweep would put standard: a plain train.py run of another variant
+    assert train.main([str(config), f"--out_dir={theirs}", "--attention=efficient", "--max_iters=2"]) == 0
+    files = {path: path.read_bytes() for path in theirs.iterdir()}
+    assert compare.main([str(config), "--variants=standard", f"--out_dir={out_dir}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "that this sweep did not plan" in err[0] and str(theirs) in err[0]
+    assert {path: path.read_bytes() for path in theirs.iterdir()} == files
+
+
+def test_a_resumed_runs_speed_and_memory_cover_every_segment():
+    summary = {"tokens_per_iter": 1000, "wall_time_s": 2.0, "mean_ms_per_iter": 30.0, "tokens_per_s": 1000 / 0.03,
+               "peak_memory_bytes": 5}
+    segments = [{"wall_time_s": 100.0, "iterations_this_run": 101, "mean_ms_per_iter": 10.0, "peak_memory_bytes": 7},
+                {"wall_time_s": 2.0, "iterations_this_run": 3, "mean_ms_per_iter": 30.0, "peak_memory_bytes": 5}]
+    total = frontier.over_segments(summary, segments)
+    ms = (100 * 10.0 + 2 * 30.0) / 102  # each segment's steps after its first
+    assert total["mean_ms_per_iter"] == pytest.approx(ms) and total["tokens_per_s"] == pytest.approx(1000 / ms * 1000)
+    assert total["wall_time_s"] == 102.0 and total["peak_memory_bytes"] == 7
+    assert frontier.over_segments(summary, []) == summary  # recorded before segments were
 
 
 @pytest.mark.slow
