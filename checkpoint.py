@@ -175,13 +175,15 @@ def save_checkpoint(checkpoint, path):
         torch.save(checkpoint, f)
 
 
-def load_checkpoint(path, map_location="cpu"):
+def load_checkpoint(path, map_location="cpu", mmap=False):
+    """A checkpoint of this repo (the file, or the out_dir holding ckpt.pt), checked to be one. mmap:
+    its tensors are mapped from the file, not read, for a caller that wants a few plain entries only."""
     path = checkpoint_path(path)
     if not path.is_file():
         raise CheckpointError(
             f"no checkpoint at {path}: pass the out_dir of a training run (it holds {CHECKPOINT_NAME}) or the file itself"
         )
-    checkpoint = read_checkpoint_file(path, map_location)
+    checkpoint = read_checkpoint_file(path, map_location, mmap)
     missing = {"model_args", "model"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model_args", "model"}
     if missing:
         raise CheckpointError(f"{path} is not a checkpoint of this repo: it lacks {sorted(missing)}")
@@ -193,7 +195,7 @@ def load_checkpoint(path, map_location="cpu"):
     return checkpoint
 
 
-def read_checkpoint_file(path, map_location="cpu"):
+def read_checkpoint_file(path, map_location="cpu", mmap=False):
     """torch.load(weights_only=True), with messages that say what the file is instead of torch's
     (whose advice to pass weights_only=False would run any code a pickle holds). The one reader of
     every file a run writes with save_checkpoint: ckpt.pt and the sharded checkpoint's train_state.pt."""
@@ -201,7 +203,7 @@ def read_checkpoint_file(path, map_location="cpu"):
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"{not_ours}: it is not a torch.save archive (a truncated copy, or another kind of file)")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
         raise CheckpointError(f"{not_ours}: it holds Python objects besides tensors and plain data, and loading "
                               f"those could run arbitrary code") from None

@@ -283,9 +283,18 @@ def newest_shards(out_dir):
     """The complete sharded folder (train_state.pt present) with the highest iteration, or None.
     On a tie, the one written last: .tmp (its commit was cut short), then the canonical name, then .old."""
     final, tmp, old = _folders(out_dir)
-    complete = [(read_checkpoint_file(folder / TRAIN_STATE_NAME)["iter_num"], order, folder)
+    complete = [(train_state_iteration(folder), order, folder)
                 for order, folder in enumerate((old, final, tmp)) if (folder / TRAIN_STATE_NAME).is_file()]
     return max(complete)[2] if complete else None
+
+
+def train_state_iteration(folder):
+    """The iteration of a complete sharded folder; one whose train_state.pt cannot be read is refused
+    (every rank finds it), not passed over: its shards may still be what the user wants back."""
+    try:
+        return read_checkpoint_file(Path(folder) / TRAIN_STATE_NAME)["iter_num"]
+    except (CheckpointError, KeyError, TypeError) as e:
+        refuse(damaged, folder, f"its {TRAIN_STATE_NAME} cannot be read: {e}")
 
 
 def full_model_state(model):
@@ -314,7 +323,7 @@ def load_train_state(out_dir):
 def missing(out_dir):
     hint = ""
     try:
-        if "optimizer" in load_checkpoint(out_dir):
+        if "optimizer" in load_checkpoint(out_dir, mmap=True):  # mapped: the keys alone are read
             hint = " Its ckpt.pt was written by a DDP or single-process run: resume it with parallelism='ddp'."
     except CheckpointError:
         pass
@@ -347,7 +356,7 @@ def damaged(folder, problem):
     """The message for a sharded checkpoint that cannot be loaded: what is wrong, and what to do."""
     out_dir = Path(folder).parent
     try:
-        export = f"; {out_dir / CHECKPOINT_NAME} holds the weights of iteration {load_checkpoint(out_dir)['iter_num']}"
+        export = f"; {out_dir / CHECKPOINT_NAME} holds the weights of iteration {load_checkpoint(out_dir, mmap=True)['iter_num']}"
     except CheckpointError:
         export = ""
     return (f"the sharded checkpoint {folder} is damaged ({problem}); nothing in {out_dir} was changed{export}, "
@@ -355,18 +364,19 @@ def damaged(folder, problem):
             f"or start again with init_from='scratch'")
 
 
-def refuse(message, *args):
-    """Stop an FSDP start whose checkpoint cannot be read: a CheckpointError with message(*args) on
-    rank 0, which train.py prints as one error line. The other ranks read the same folder and say
-    nothing (nor read ckpt.pt for the message): they wait for the launcher to stop them once rank 0
-    has exited, since a rank that exited first would have the launcher stop rank 0 before it said
-    why; without a launcher that does, they exit with status 1 after a minute."""
+def refuse(message, *args, error=CheckpointError):
+    """Stop a start that every rank finds wrong alike (a checkpoint that cannot be read, a config that
+    does not fit the world size) with one error line: error(message(*args)) on rank 0, which train.py
+    prints. The other ranks say nothing (nor compute the message, which may read ckpt.pt): they wait
+    for the launcher to stop them once rank 0 has exited, since a rank that exited first would have
+    the launcher stop rank 0 before it said why; without a launcher that does, they exit with status
+    1 after a minute."""
     if int(os.environ.get("RANK", "0")) != 0:
         for stop in (signal.SIGTERM, signal.SIGINT):
             signal.signal(stop, signal.SIG_DFL)  # end quietly, with no handler's save or traceback
         time.sleep(REFUSE_WAIT_SECONDS)
         raise SystemExit(1)
-    raise CheckpointError(message(*args))
+    raise error(message(*args))
 
 
 def load_sharded(model, optimizer, folder):

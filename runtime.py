@@ -48,6 +48,10 @@ def resolve_device(device="auto"):
         raise ValueError(f"device={device!r} is not a device torch knows: {e}") from e
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}: CUDA is not available here; use device='cpu' (or 'auto')")
+    if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ValueError(f"device={device!r}: torch sees {n} GPU{'s' if n != 1 else ''} here, cuda:0 to cuda:{n - 1} "
+                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(not set)')})")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device={device!r}: MPS is not available here; use device='cpu' (or 'auto')")
     return device
@@ -156,6 +160,22 @@ class StopSignals:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         return False
+
+    @contextlib.contextmanager
+    def end_process(self):
+        """Inside the block a SIGINT or SIGTERM ends the process at once (the default action), for a
+        wait in C++ (a rendezvous) during which no Python handler can run: with the flag alone, the
+        process would wait on, deaf to the signal, until that call returns or times out."""
+        if not self.previous:  # not the main thread: no handlers of ours to lift
+            yield
+            return
+        for sig in self.previous:
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            yield
+        finally:
+            for sig in self.previous:
+                signal.signal(sig, self._handle)
 
 
 class CpuThreads:

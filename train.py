@@ -127,9 +127,10 @@ def train(config, verbose=True):
     ddp, rank, local_rank, world_size = distributed.setup()
     if ddp:
         distributed.stop_with_launcher()
-    if c["gradient_accumulation_steps"] % world_size:
-        raise ConfigError(f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be "
-                          f"divisible by the number of DDP processes ({world_size}): the steps are split over them")
+    if c["gradient_accumulation_steps"] % world_size:  # every rank finds this: rank 0 says it
+        distributed.refuse(str, f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be "
+                           f"divisible by the number of processes ({world_size}): the steps are split over them",
+                           error=ConfigError)
     device, dtype = choose_device(c, ddp, local_rank)
     out_dir = Path(c["out_dir"])
     data_dir = config_data_dir(c)
@@ -155,9 +156,10 @@ def train(config, verbose=True):
     # from here on a SIGINT/SIGTERM stops the run after a step and a checkpoint, even one that
     # arrives while the process group or the model is being set up, or while they are torn down
     with StopSignals() as signals:
-        if ddp:
-            distributed.init_process_group(c["backend"] if c["backend"] != "auto" else
-                                           ("nccl" if device.startswith("cuda") else "gloo"))
+        if ddp:  # waits for every rank to join; a stop meanwhile ends the process (nothing trained or written yet)
+            with signals.end_process():
+                distributed.init_process_group(c["backend"] if c["backend"] != "auto" else
+                                               ("nccl" if device.startswith("cuda") else "gloo"))
         try:
             announce(run, n_tokens)
             build_run(run, checkpoint)
@@ -177,6 +179,13 @@ def choose_device(c, ddp, local_rank):
     takes its local rank's GPU."""
     device = resolve_device(c["device"])
     if ddp and device.startswith("cuda"):
+        if device != "cuda":  # on every rank alike
+            distributed.refuse(str, f"device={device!r} names one GPU, but under torchrun each process takes the GPU "
+                               f"of its LOCAL_RANK: set device='cuda' (or 'auto'), and CUDA_VISIBLE_DEVICES to choose "
+                               f"GPUs", error=ConfigError)
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"LOCAL_RANK={local_rank}, but torch sees {torch.cuda.device_count()} GPU(s) on this "
+                              f"node: start at most that many processes per node (--nproc_per_node)")
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     return device, resolve_dtype(c["dtype"], device)

@@ -19,7 +19,7 @@ import distributed
 import train as T
 from checkpoint import load_checkpoint
 from conftest import REPO
-from distributed import SHARDED_NAME, load_train_state
+from distributed import SHARDED_NAME, TRAIN_STATE_NAME, load_train_state
 from faults import Killed, kill_after
 from launcher import child_pids
 from test_fsdp import assert_same_params, one_process_group, train_losses  # noqa: F401  a fixture
@@ -124,12 +124,15 @@ def damage(out, how):
     if how == "truncated shard":
         shard = sorted((out / FINAL).glob("*.distcp"))[0]
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif how == "truncated train_state.pt":
+        state = out / FINAL / TRAIN_STATE_NAME
+        state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     else:
         (out / FINAL / ".metadata").unlink()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["truncated shard", "missing .metadata"])
+@pytest.mark.parametrize("how", ["truncated shard", "missing .metadata", "truncated train_state.pt"])
 def test_a_damaged_shard_folder_is_one_error_line(how, reference, tmp_path, data_dir, one_process_group,  # noqa: F811
                                                   capsys):
     out = tmp_path / "out"
@@ -145,10 +148,11 @@ def test_a_damaged_shard_folder_is_one_error_line(how, reference, tmp_path, data
 
 
 @pytest.mark.slow
-def test_a_damaged_shard_folder_under_two_processes_is_said_once(reference, tmp_path, data_dir):  # noqa: F811
+@pytest.mark.parametrize("how", ["truncated shard", "truncated train_state.pt"])
+def test_a_damaged_shard_folder_under_two_processes_is_said_once(how, reference, tmp_path, data_dir):  # noqa: F811
     out = tmp_path / "out"
     shutil.copytree(reference, out)
-    damage(out, "truncated shard")
+    damage(out, how)
     before = snapshot(out)
     result = launch(tmp_path, tiny(tmp_path, data_dir, **SHARDED, init_from="resume"))
     assert result.returncode == 1

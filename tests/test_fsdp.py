@@ -114,6 +114,12 @@ def test_fsdp_export_is_not_a_ddp_resume_point(fsdp_run, tmp_path, data_dir):  #
         T.load_resume_checkpoint(fsdp_run, load_checkpoint(fsdp_run)["model_args"])
 
 
+def test_a_ddp_checkpoint_is_not_an_fsdp_resume_point(tmp_path, data_dir):  # noqa: F811
+    T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)  # one process: ckpt.pt with the optimizer
+    with pytest.raises(T.CheckpointError, match="no sharded checkpoint at .* resume it with parallelism='ddp'"):
+        T.load_resume_checkpoint(tmp_path / "out", load_checkpoint(tmp_path / "out")["model_args"], sharded=True)
+
+
 # train.py under FSDP where, after its 2nd optimizer step, one AdamW moment of rank 1's shard only is inf
 INF_ON_RANK_1 = """
 import os, runpy, sys, torch

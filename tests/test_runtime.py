@@ -1,4 +1,6 @@
 """runtime.py: device and dtype choice, and the GPU peaks MFU is measured against."""
+import re
+
 import pytest
 import torch
 
@@ -54,3 +56,31 @@ def test_autocast_only_for_half_precision():
         assert (x @ x).dtype == torch.float32
     with autocast_context("cpu", "bfloat16"):
         assert (x @ x).dtype == torch.bfloat16
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """What torch reports on a machine with two GPUs (none is touched: the checks come first)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail(f"set_device({device}) reached"))
+
+
+def test_a_gpu_index_beyond_the_gpus_is_refused_before_it_is_used(two_gpus):
+    assert resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(ValueError, match=r"device='cuda:2': torch sees 2 GPUs here, cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+
+
+@pytest.mark.parametrize("device, local_rank, message", [
+    ("cuda:1", 0, "device='cuda:1' names one GPU, but under torchrun each process takes the GPU of its LOCAL_RANK"),
+    ("cuda", 2, "LOCAL_RANK=2, but torch sees 2 GPU(s) on this node"),  # --nproc_per_node=3 on two GPUs
+])
+def test_under_torchrun_a_process_without_its_own_gpu_is_one_error(device, local_rank, message, two_gpus,
+                                                                    monkeypatch):
+    import train
+    from configurator import ConfigError
+
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        train.choose_device({"device": device, "dtype": "float32"}, True, local_rank)

@@ -735,6 +735,15 @@ def test_an_incomplete_launch_environment_is_one_error_line(environment, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+def test_accumulation_steps_that_do_not_split_over_the_processes_are_said_once(tmp_path, data_dir):
+    args = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, gradient_accumulation_steps=3).items()]
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "--standalone", "--nproc_per_node=2", *args],
+                            cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.count("error: config key 'gradient_accumulation_steps'=3 must be divisible by the number "
+                               "of processes (2)") == 1
+
+
 @pytest.mark.parametrize("value, problem", [("0", "no process to start"), ("two", "Unsupported nproc_per_node value")])
 def test_a_launch_with_no_process_to_start_is_one_error_line(value, problem, tmp_path, data_dir, capsys):
     args = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]
@@ -899,6 +908,34 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_dir):
     last = [json.loads(line) for line in log.read_text().splitlines()][-1]
     assert ckpt["iter_num"] == last["iter"] >= 3
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["stop_reason"] == "SIGTERM"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_while_waiting_for_the_other_ranks_ends_the_process(sig, tmp_path, data_dir):
+    """Rank 0 of two waits in init_process_group for a rank 1 that never comes (it failed to start, or
+    its node is late): a SIGTERM (a scheduler's, torchrun's) or Ctrl-C ends it, although no Python
+    handler runs during that wait; nothing was trained, so nothing is lost."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(subprocess_env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    args = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, gradient_accumulation_steps=2).items()]
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 90
+    while proc.poll() is None and time.time() < deadline:  # until rank 0's store listens: it is waiting
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    try:
+        stderr = proc.communicate(timeout=30)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == -sig, stderr[-3000:]
+    assert not (tmp_path / "out").exists()
 
 
 def send_signal_during_iteration(monkeypatch, iteration, sig=signal.SIGINT):
