@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 
 import frontier
+import sweep
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, CheckpointError
 from data import config_data_dir
@@ -61,14 +62,14 @@ def parse_args(argv):
     parser.add_argument("--variants", default=",".join(ATTENTION_VARIANTS), help="comma-separated attention variants")
     parser.add_argument("--seeds", type=int, default=1, help="runs per variant and size, seeds 0..N-1")
     parser.add_argument("--out_dir", default="out-compare")
-    parser.add_argument("--match", default="iters", choices=frontier.MATCHES, help="what every run gets the same of")
+    parser.add_argument("--match", default="iters", choices=sweep.MATCHES, help="what every run gets the same of")
     parser.add_argument("--reference", default="standard", help="the variant whose max_iters sets the budget")
     parser.add_argument("--budget_tokens", type=float, help="with --match=tokens: tokens per run")
     parser.add_argument("--budget_flops", type=float, help="with --match=flops: training FLOPs per run")
     parser.add_argument("--budget_seconds", type=float, help="with --match=time: training seconds per run")
     parser.add_argument("--probe_iters", type=int, default=30, help="with --match=time: steps timed per variant")
     parser.add_argument("--sizes", default="", help="n_layer x n_head x n_embd, comma-separated (e.g. "
-                        f"2x2x64,4x4x128) or presets: {', '.join(frontier.SIZE_PRESETS)}")
+                        f"2x2x64,4x4x128) or presets: {', '.join(sweep.SIZE_PRESETS)}")
     parser.add_argument("--learning_rates", default="", help="comma-separated peak learning rates, each tried for "
                         "every variant and size (min_lr at the config's ratio); each variant is compared at its best")
     parser.add_argument("--launcher", default="", help='e.g. "torchrun --standalone --nproc_per_node=8"')
@@ -100,8 +101,8 @@ def check_args(parser, args, train_overrides):
             parser.error(f"--{flag}={value}: the budget must be a positive number")
         args.budget = args.budget or value
     try:
-        args.sizes = frontier.parse_sizes(args.sizes) if args.sizes else None
-    except frontier.SweepError as e:
+        args.sizes = sweep.parse_sizes(args.sizes) if args.sizes else None
+    except sweep.SweepError as e:
         parser.error(str(e))
     args.learning_rates = parse_learning_rates(parser, args.learning_rates)
     for override in train_overrides:
@@ -110,7 +111,7 @@ def check_args(parser, args, train_overrides):
         key = override.split("=", 1)[0][2:]
         if key in ("attention", "seed", "out_dir", "init_from"):
             parser.error(f"{override!r}: compare.py sets attention, seed, out_dir and init_from itself")
-        if args.sizes and key in frontier.SHAPE_KEYS:
+        if args.sizes and key in sweep.SHAPE_KEYS:
             parser.error(f"{override!r}: with --sizes, each size sets n_layer, n_head and n_embd")
         if args.learning_rates and key in ("learning_rate", "min_lr"):
             parser.error(f"{override!r}: with --learning_rates, each run's learning_rate and min_lr are set from "
@@ -155,16 +156,16 @@ def check_hellaswag_file(args, train_overrides):
     try:
         examples = load_examples(args.hellaswag_file, args.hellaswag_limit)
     except HellaSwagError as e:
-        raise frontier.SweepError(f"--hellaswag_file: {e}") from None
+        raise sweep.SweepError(f"--hellaswag_file: {e}") from None
     try:
-        data_dir = config_data_dir(frontier.resolved_config(args.config, train_overrides))
+        data_dir = config_data_dir(sweep.resolved_config(args.config, train_overrides))
         tokenizer = tokenizer_from_meta(read_meta(data_dir))
     except Exception:  # no dataset yet (the plan says so), or its tokenizer is not to be had here: scored later
         return
     try:
         check_encodable(examples, tokenizer)
     except HellaSwagError as e:
-        raise frontier.SweepError(f"--hellaswag_file: {args.hellaswag_file}, {e} (the data in {data_dir})") from None
+        raise sweep.SweepError(f"--hellaswag_file: {args.hellaswag_file}, {e} (the data in {data_dir})") from None
 
 
 def add_hellaswag(summaries, plan, args):
@@ -185,7 +186,7 @@ def hellaswag_scores(run_dir, args):
 
     scored = {"hellaswag_file": stamp(args.hellaswag_file), "limit": args.hellaswag_limit,
               "checkpoint": stamp(run_dir / CHECKPOINT_NAME)}
-    kept = frontier.read_json(run_dir / HELLASWAG_NAME)
+    kept = sweep.read_json(run_dir / HELLASWAG_NAME)
     if kept and kept["scored"] == scored:
         return kept["scores"]
     results = evaluate_checkpoint(run_dir, args.hellaswag_file, args.hellaswag_limit)
@@ -209,7 +210,7 @@ def sigterm_as_ctrl_c():
 
 def write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir):
     """results.md, results.json and the plots (frontier.write_report); returns the markdown."""
-    command = frontier.shell_join(["python", "compare.py", *argv])
+    command = sweep.shell_join(["python", "compare.py", *argv])
     seeds_note = f"mean ± standard deviation over {args.seeds} seeds" if args.seeds > 1 else "one seed"
     header = f"Command: `{command}` ({seeds_note}; ranking in parentheses, 1 = best)"
     extra = {"command": command, "config": args.config, "train_overrides": train_overrides, "match": args.match,
@@ -242,14 +243,14 @@ def main(argv=None):
     try:
         if args.hellaswag_file:
             check_hellaswag_file(args, train_overrides)
-        plan, budgets = frontier.plan_sweep(args, train_overrides, out_dir)
+        plan, budgets = sweep.plan_sweep(args, train_overrides, out_dir)
         print(describe_plan(args, plan, budgets), flush=True)
-        summaries = frontier.run_sweep(plan, args.launcher)
-    except frontier.SweepInterrupted as e:
+        summaries = sweep.run_sweep(plan, args.launcher)
+    except sweep.SweepInterrupted as e:
         print(f"stopped by {e}: the running train.py saved its checkpoint; rerun the same command to continue "
               f"(finished runs are skipped, the interrupted one resumes)", file=sys.stderr)
         return 130
-    except (frontier.SweepError, frontier.RunFailed) as e:
+    except (sweep.SweepError, sweep.RunFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.hellaswag_file:

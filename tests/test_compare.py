@@ -1,4 +1,4 @@
-"""compare.py and frontier.py: budgets resolved to iterations, scaled schedules, the resumable sweep,
+"""compare.py, sweep.py and frontier.py: budgets resolved to iterations, scaled schedules, the resumable sweep,
 the fit of loss against compute, the tables and the optional plots."""
 
 import json
@@ -15,6 +15,7 @@ import pytest
 import compare
 import configurator
 import frontier
+import sweep
 import train
 from conftest import REPO
 from model import GPT, GPTConfig
@@ -56,7 +57,7 @@ def test_relative_paths_mean_the_same_to_the_plan_and_to_the_runs(tiny_run, monk
 
 def plan(config, out_dir, *argv):
     args, overrides = compare.parse_args([str(config), f"--out_dir={out_dir}", *argv])
-    return frontier.plan_sweep(args, overrides, out_dir)
+    return sweep.plan_sweep(args, overrides, out_dir)
 
 
 def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
@@ -117,7 +118,7 @@ TRAIN_VALUES = {"attention": "efficient", "device": "cpu", "out_dir": "/tmp/a ru
 
 
 def test_a_printed_train_command_reads_back_as_the_planned_values():
-    line = frontier.shell_join(["python", "train.py", *(configurator.format_override(k, v) for k, v in TRAIN_VALUES.items())])
+    line = sweep.shell_join(["python", "train.py", *(configurator.format_override(k, v) for k, v in TRAIN_VALUES.items())])
     words = shlex.split(line)
     settings = dict(configurator.parse_override(word) for word in words[2:])
     assert settings == TRAIN_VALUES
@@ -133,11 +134,11 @@ def test_a_printed_train_command_reads_back_as_the_planned_values():
 
 def test_a_run_recorded_with_quoted_values_is_the_same_plan():
     planned = ["config.py", "--attention=standard", "--out_dir=/tmp/out", "--learning_rate=0.001"]
-    assert frontier.same_plan(["config.py", "--attention='standard'", "--out_dir='/tmp/out'", "--learning_rate=1e-3"],
+    assert sweep.same_plan(["config.py", "--attention='standard'", "--out_dir='/tmp/out'", "--learning_rate=1e-3"],
                               planned)
-    assert not frontier.same_plan(["config.py", "--attention=efficient", "--out_dir=/tmp/out",
+    assert not sweep.same_plan(["config.py", "--attention=efficient", "--out_dir=/tmp/out",
                                    "--learning_rate=0.001"], planned)
-    assert not frontier.same_plan(["config.py", "--attention=standard", "--out_dir=/tmp/out"], planned)
+    assert not sweep.same_plan(["config.py", "--attention=standard", "--out_dir=/tmp/out"], planned)
 
 
 # -----------------------------------------------------------------------------
@@ -159,7 +160,7 @@ def test_flop_matched_iterations_are_budget_over_cost_per_iteration(tiny_run, bu
     assert len(runs) == 2 * 4 and not out_dir.exists()  # planning trains nothing and writes nothing
     tokens_per_iter = 4 * 16
     for shape in ((1, 1, 16), (2, 2, 32)):
-        label = frontier.size_label(shape)
+        label = sweep.size_label(shape)
         expected_budget = 3e8 if budget else direct_flops_per_token(config, "standard", shape) * tokens_per_iter * 40
         assert budgets[label] == expected_budget
         for run in (r for r in runs if r.size == label):
@@ -214,7 +215,7 @@ def test_a_time_matched_sweep_plans_from_its_probes_and_a_rerun_reuses_them(tiny
         assert run["iterations"] == max(1, round(0.1 / (probe["mean_ms_per_iter"] / 1000)))
         trained = json.loads((out_dir / f"{run['variant']}-seed0" / "summary.json").read_text())
         assert trained["stop_reason"] == "max_iters" and trained["iterations"] == run["iterations"]
-        steps = frontier.read_log(out_dir / f"{run['variant']}-seed0")
+        steps = sweep.read_log(out_dir / f"{run['variant']}-seed0")
         assert [s["iter"] for s in steps if s["type"] == "train"] == list(range(1, run["iterations"] + 1))
         probe_files.update({path: (path.stat().st_mtime_ns, path.read_bytes()) for path in probe_dir.iterdir()})
 
@@ -564,11 +565,11 @@ def test_a_resumed_runs_speed_and_memory_cover_every_segment():
                "peak_memory_bytes": 5}
     segments = [{"wall_time_s": 100.0, "iterations_this_run": 101, "mean_ms_per_iter": 10.0, "peak_memory_bytes": 7},
                 {"wall_time_s": 2.0, "iterations_this_run": 3, "mean_ms_per_iter": 30.0, "peak_memory_bytes": 5}]
-    total = frontier.over_segments(summary, segments)
+    total = sweep.over_segments(summary, segments)
     ms = (100 * 10.0 + 2 * 30.0) / 102  # each segment's steps after its first
     assert total["mean_ms_per_iter"] == pytest.approx(ms) and total["tokens_per_s"] == pytest.approx(1000 / ms * 1000)
     assert total["wall_time_s"] == 102.0 and total["peak_memory_bytes"] == 7
-    assert frontier.over_segments(summary, []) == summary  # recorded before segments were
+    assert sweep.over_segments(summary, []) == summary  # recorded before segments were
 
 
 @pytest.mark.slow

@@ -1,0 +1,444 @@
+"""
+The sweep behind compare.py: plan the runs of attention variants x model sizes x learning rates x
+seeds under one budget (iterations, tokens, training FLOPs or wall-clock), each resolved to its
+iterations and schedule before anything trains, then run each as its own train.py process,
+resumable: a rerun skips finished runs and resumes an interrupted one. frontier.py turns the
+runs' summaries into tables, fits and plots; docs/compare.md says what each budget means.
+
+The accounting: training compute C = flops_per_token x tokens seen, where flops_per_token is the
+model's own count (model.GPT.flops_per_token: forward + backward, attention's T-dependent terms and
+super's W^A V included), not 6N.
+"""
+
+import json
+import math
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from atomic import write_text_atomic
+from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
+from configurator import MODEL_ARG_KEYS, ConfigError, format_override, get_config, parse_override, resolve_config
+from data import choose_vocab_size, config_data_dir
+from distributed import SHARDED_NAME
+from model import GPT, GPTConfig
+from tokenizer import read_meta
+
+REPO = Path(__file__).resolve().parent
+MATCHES = ("iters", "tokens", "flops", "time")
+RECORD_NAME = "compare_run.json"  # beside each run's files: the train.py arguments it was planned with
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd")
+# named shapes (n_layer, n_head, n_embd): three CPU sizes, and GPT-2-like ones for a GPU (10-100M parameters)
+SIZE_PRESETS = {
+    "cpu-s": (2, 2, 64), "cpu-m": (4, 4, 128), "cpu-l": (6, 6, 192),
+    "gpu-10m": (6, 6, 384), "gpu-30m": (8, 8, 512), "gpu-50m": (10, 10, 640), "gpu-85m": (12, 12, 768),
+}
+
+
+class SweepError(ValueError):
+    """A sweep that cannot be planned or continued as asked; the message says how to fix it."""
+
+
+class RunFailed(RuntimeError):
+    """A train.py run exited with an error; its own output says why."""
+
+
+class SweepInterrupted(RuntimeError):
+    """A SIGINT/SIGTERM stopped the sweep after the running train.py saved its checkpoint."""
+
+
+# -----------------------------------------------------------------------------
+# sizes and the resolved settings of every run
+
+def parse_sizes(text):
+    """'2x2x64,cpu-m' -> [(2, 2, 64), (4, 4, 128)]: n_layer x n_head x n_embd, or a preset name."""
+    sizes = []
+    for item in (s.strip() for s in text.split(",")):
+        if item in SIZE_PRESETS:
+            sizes.append(SIZE_PRESETS[item])
+        elif re.fullmatch(r"\d+x\d+x\d+", item) and all(int(n) > 0 for n in item.split("x")):
+            sizes.append(tuple(int(n) for n in item.split("x")))
+        else:
+            raise SweepError(f"--sizes: {item!r} is not n_layer x n_head x n_embd (e.g. 4x4x128) nor a preset "
+                             f"({', '.join(SIZE_PRESETS)})")
+    for n_layer, n_head, n_embd in sizes:
+        if n_embd % n_head:
+            raise SweepError(f"--sizes: {n_layer}x{n_head}x{n_embd}: n_embd must be a multiple of n_head")
+    if len(set(sizes)) != len(sizes):
+        raise SweepError("--sizes: a size is listed twice")
+    return sizes
+
+
+def size_label(shape):
+    return "x".join(map(str, shape))
+
+
+@dataclass
+class PlannedRun:
+    """One training of the sweep, with everything that is resolved before anything trains."""
+    size: str
+    variant: str
+    seed: int
+    iterations: int
+    schedule: dict  # max_iters, lr_decay_iters, warmup_iters, eval_interval
+    flops_per_token: int
+    tokens_per_iter: int
+    run_dir: Path
+    train_args: list = field(default_factory=list)
+    learning_rate: float = None  # the peak learning rate of a --learning_rates sweep; None: the config's
+
+    def describe(self):
+        lr = "" if self.learning_rate is None else f", learning rate {self.learning_rate:g}"
+        return f"{self.variant} at {self.size}{lr}, seed {self.seed}"
+
+    @property
+    def training_flops(self):
+        return self.flops_per_token * self.tokens_per_iter * self.iterations
+
+    def as_dict(self):
+        return dict(size=self.size, variant=self.variant, seed=self.seed, learning_rate=self.learning_rate,
+                    iterations=self.iterations, **self.schedule,
+                    flops_per_token=self.flops_per_token, tokens_per_iter=self.tokens_per_iter,
+                    training_flops=self.training_flops, run_dir=str(self.run_dir))
+
+
+def resolved_config(config_file, overrides):
+    """train.py's own config for these arguments; its ConfigError becomes a SweepError."""
+    try:
+        return resolve_config(get_config([config_file, *overrides]))
+    except ConfigError as e:
+        raise SweepError(str(e)) from None
+
+
+def model_flops_per_token(c):
+    """Training FLOPs per token of the model this config builds, without training it (meta device:
+    no memory is allocated). The vocabulary comes from the data's meta.json, as train.py takes it."""
+    data_dir = config_data_dir(c)
+    try:
+        meta = read_meta(data_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise SweepError(str(e)) from None
+    vocab_size = choose_vocab_size(c, meta, -1, data_dir)  # the data's largest id is train.py's check
+    args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": vocab_size}
+    with torch.device("meta"):
+        return GPT(GPTConfig(**args)).flops_per_token()
+
+
+def iterations_for_budget(budget, cost_per_iter, what):
+    """The nearest whole number of iterations whose cost reaches the budget; a budget that rounds to
+    none is an error, not one iteration far over it."""
+    iterations = round(budget / cost_per_iter)
+    if iterations < 1:
+        raise SweepError(f"the budget {budget:.4g} is less than half an iteration of {what} ({cost_per_iter:.4g}): "
+                         f"raise it")
+    return iterations
+
+
+def scaled_schedule(c, iterations, match):
+    """max_iters, lr_decay_iters, warmup_iters and eval_interval for a run of `iterations` steps: the
+    config's schedule stretched by iterations / max_iters, so the cosine ends where the run ends
+    (with --match=iters, the config's own schedule, as it is)."""
+    if match == "iters":
+        return {key: c[key] for key in ("max_iters", "lr_decay_iters", "warmup_iters", "eval_interval")}
+    factor = iterations / c["max_iters"]
+    warmup = min(round(c["warmup_iters"] * factor), iterations - 1)
+    return {"max_iters": iterations, "lr_decay_iters": iterations, "warmup_iters": warmup,
+            "eval_interval": max(1, min(round(c["eval_interval"] * factor), iterations))}
+
+
+def train_command(launcher, train_args):
+    """The command line of one train.py run: under the sweep's --launcher (e.g. torchrun), or plain."""
+    return (shlex.split(launcher) if launcher else [sys.executable]) + [str(REPO / "train.py"), *train_args]
+
+
+def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_iters, launcher):
+    """Seconds per training step of this variant on this machine, launched as the runs will be, from a
+    short train.py run kept in probe_dir, so that a rerun plans the same iterations. A probe of other
+    settings (another batch size, launcher or probe length) is run again."""
+    settings = dict(attention=variant, out_dir=str(probe_dir), max_iters=probe_iters, lr_decay_iters=probe_iters,
+                    warmup_iters=0, eval_interval=probe_iters, eval_iters=1, log_interval=probe_iters,
+                    always_save_checkpoint=False)
+    train_args = [config_file, *overrides, *(format_override(key, value) for key, value in settings.items())]
+    record, summary = read_json(probe_dir / RECORD_NAME), read_json(probe_dir / SUMMARY_NAME)
+    if not (record and record["launcher"] == launcher and same_plan(record["train_args"], train_args)
+            and summary and summary["stop_reason"] == "max_iters"):
+        shutil.rmtree(probe_dir, ignore_errors=True)
+        probe_dir.mkdir(parents=True)
+        with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
+            code = forwarder.run(train_command(launcher, train_args), stdout=log, stderr=subprocess.STDOUT)
+        if forwarder.received:
+            raise SweepInterrupted(forwarder.received)
+        if code != 0:
+            raise RunFailed(f"the timing probe of {variant} failed with exit code {code}; see {probe_dir / 'probe.log'}")
+        write_text_atomic(probe_dir / RECORD_NAME, json.dumps({"launcher": launcher, "train_args": train_args}))
+        summary = read_json(probe_dir / SUMMARY_NAME)
+    return summary["mean_ms_per_iter"] / 1000
+
+
+def cost_per_iter(match, c, flops_per_token, seconds):
+    """What one iteration spends of the budget: 1 iteration, its tokens, its FLOPs or its seconds."""
+    tokens = c["gradient_accumulation_steps"] * c["batch_size"] * c["block_size"]
+    return {"iters": 1, "tokens": tokens, "flops": flops_per_token * tokens, "time": seconds}[match]
+
+
+def learning_rate_settings(c, learning_rate):
+    """The overrides of one learning rate of a sweep: the peak, and min_lr at the config's ratio to it
+    (NanoGPT's configs end at a tenth of the peak). None: the config's own, no overrides."""
+    if learning_rate is None:
+        return {}
+    if c["learning_rate"] == 0:
+        raise SweepError("--learning_rates sets min_lr at the config's min_lr / learning_rate, but the config's "
+                         "learning_rate is 0: set it (and min_lr) to the schedule's shape, e.g. 1e-3 and 1e-4")
+    min_lr = float(f"{learning_rate * c['min_lr'] / c['learning_rate']:.12g}")  # 0.0003, not 0.00030000000000000003
+    return {"learning_rate": learning_rate, "min_lr": min_lr}
+
+
+def run_name(variant, learning_rate, seed):
+    return f"{variant}-seed{seed}" if learning_rate is None else f"{variant}-lr{learning_rate:g}-seed{seed}"
+
+
+def variant_costs(args, overrides, c, label, out_dir):
+    """{variant: (training FLOPs per token, what one iteration spends of the budget)} at one size, for
+    the sweep's variants and its reference; with --match=time each one's step is timed first."""
+    costs = {}
+    for variant in dict.fromkeys([*args.variants, args.reference]):
+        cv = c | {"attention": variant}
+        seconds = None
+        if args.match == "time":
+            seconds = probe_seconds_per_iter(args.config, overrides, variant, out_dir / "probes" / label / variant,
+                                             args.probe_iters, args.launcher)
+        flops_per_token = model_flops_per_token(cv)
+        costs[variant] = (flops_per_token, cost_per_iter(args.match, cv, flops_per_token, seconds))
+    return costs
+
+
+def plan_size(args, overrides, shape, out_dir):
+    """The runs of one size: each variant's iterations under the budget, for every learning rate of the
+    sweep (the config's alone without --learning_rates) and every seed. Returns (label, budget, runs,
+    the reference's FLOPs per token)."""
+    shape_args = [format_override(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
+    c = resolved_config(args.config, overrides + shape_args)
+    label = size_label(tuple(c[k] for k in SHAPE_KEYS))
+    if args.match != "iters" and c["max_iters"] < 1:
+        raise SweepError(f"--match={args.match} stretches the config's schedule by each run's iterations / max_iters: "
+                         f"max_iters must be at least 1 (it is {c['max_iters']})")
+    costs = variant_costs(args, overrides + shape_args, c, label, out_dir)
+    budget = args.budget or costs[args.reference][1] * c["max_iters"]
+    runs = {}
+    for variant in args.variants:
+        iterations = (c["max_iters"] if args.match == "iters"
+                      else iterations_for_budget(budget, costs[variant][1], f"{variant} at {label}"))
+        schedule = scaled_schedule(c, iterations, args.match)
+        for lr, seed in ((lr, seed) for lr in args.learning_rates or [None] for seed in range(args.seeds)):
+            run_dir = (out_dir / label if shape else out_dir) / run_name(variant, lr, seed)
+            settings = dict(attention=variant, seed=seed, out_dir=str(run_dir), **schedule,
+                            **learning_rate_settings(c, lr))
+            train_args = [args.config, *overrides, *shape_args, *(format_override(k, v) for k, v in settings.items())]
+            resolved_config(args.config, train_args[1:])  # every run's settings are checked before any trains
+            runs[variant, lr, seed] = PlannedRun(
+                size=label, variant=variant, seed=seed, iterations=iterations, schedule=schedule,
+                flops_per_token=costs[variant][0], tokens_per_iter=cost_per_iter("tokens", c, 0, None),
+                run_dir=run_dir, train_args=train_args, learning_rate=lr)
+    return label, budget, runs, costs[args.reference][0]
+
+
+def plan_sweep(args, overrides, out_dir):
+    """Every run of the sweep, seeds outermost, then sizes (in order of the reference's FLOPs per token:
+    a sweep shows its trend early, and the last size is the largest), then variants, then learning
+    rates; and the budget of each size."""
+    sized = sorted((plan_size(args, overrides, shape, out_dir) for shape in args.sizes or [None]),
+                   key=lambda planned: planned[3])
+    plan = [runs[variant, lr, seed] for seed in range(args.seeds) for _, _, runs, _ in sized
+            for variant in args.variants for lr in args.learning_rates or [None]]
+    return plan, {label: budget for label, budget, _, _ in sized}
+
+
+# -----------------------------------------------------------------------------
+# running train.py: one process per run, a signal passed on once, resumable
+
+class SignalForwarder:
+    """While the sweep runs, a SIGINT/SIGTERM to compare.py is passed to the running train.py (started
+    in its own session, so a Ctrl-C in the terminal reaches it once, from here) and stops the sweep
+    after that run has saved its checkpoint."""
+
+    def __init__(self):
+        self.process, self.received, self.previous = None, None, {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+    def run(self, command, **popen_args):
+        if self.received:
+            raise SweepInterrupted(self.received)
+        # in the sweep's own working directory: a relative config, data_dir or hellaswag_file names the
+        # same file for train.py as for the plan
+        self.process = subprocess.Popen(command, start_new_session=True, **popen_args)
+        try:
+            return self.process.wait()
+        finally:
+            self.process = None
+
+
+def read_json(path):
+    return json.loads(Path(path).read_text()) if Path(path).is_file() else None
+
+
+def read_log(run_dir):
+    path = Path(run_dir) / LOG_NAME
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def shell_join(words):
+    """A command line as a user would type it: shlex's quoting, but a word holding single quotes
+    (--wandb_run_name='1') in double quotes, where the shell takes them literally, rather than in
+    shlex's '"'"' splices."""
+    return " ".join(f'"{word}"' if "'" in word and not re.search(r'["$`\\!]', word) else shlex.quote(word)
+                    for word in words)
+
+
+def same_plan(recorded_args, train_args):
+    """Whether two train.py argument lists name the same config file and override values, however the
+    values are spelled (a folder recorded with --attention='standard' holds the plan --attention=standard)."""
+    def settings(args):
+        return args[0], dict(parse_override(arg) for arg in args[1:])
+
+    try:
+        return settings(recorded_args) == settings(train_args)
+    except ConfigError:  # a recorded key train.py no longer knows: another plan
+        return False
+
+
+def run_status(run):
+    """'done', 'resume' or 'new'; a run folder planned with other settings is an error."""
+    record = read_json(run.run_dir / RECORD_NAME)
+    if record is None:
+        found = [name for name in (CHECKPOINT_NAME, SUMMARY_NAME, LOG_NAME, SHARDED_NAME) if (run.run_dir / name).exists()]
+        if found:  # a plain train.py run, or a sweep's whose record is gone: not ours to overwrite
+            raise SweepError(f"{run.run_dir} holds a training run ({', '.join(found)}) that this sweep did not plan "
+                             f"(it has no {RECORD_NAME}): move it away, or choose another --out_dir")
+        return "new"
+    if not same_plan(record["train_args"], run.train_args):
+        raise SweepError(f"{run.run_dir} holds a run planned with other settings (its {RECORD_NAME} differs): "
+                         f"rerun the command that made it, or choose another --out_dir")
+    summary = read_json(run.run_dir / SUMMARY_NAME)
+    if summary and summary["stop_reason"] == "max_iters" and summary["iterations"] == run.iterations:
+        return "done"
+    if summary and diverged_in_a_learning_rate_sweep(run, summary):
+        return "done"  # training it again would diverge again
+    return "resume" if (run.run_dir / CHECKPOINT_NAME).exists() else "new"
+
+
+def diverged_in_a_learning_rate_sweep(run, summary):
+    """Whether a run of a --learning_rates sweep diverged: one of the sweep's results, where in any other
+    sweep it is a failure."""
+    return run.learning_rate is not None and summary["stop_reason"] == "diverged"
+
+
+SEGMENT_KEYS = ("wall_time_s", "iterations_this_run", "mean_ms_per_iter", "peak_memory_bytes")
+
+
+def record_run(run, segments):
+    """compare_run.json: the arguments the run was planned with, and what each of its train.py
+    processes so far (one, or one per resume) reported of its own segment."""
+    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "segments": segments}))
+
+
+def train_once(run, status, launcher, forwarder):
+    """Train (or resume) one planned run; returns its summary."""
+    record = read_json(run.run_dir / RECORD_NAME) if status == "resume" else None
+    segments = record.get("segments", []) if record else []
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    record_run(run, segments)
+    args = run.train_args + (["--init_from=resume"] if status == "resume" else [])
+    command = train_command(launcher, args)
+    print(shell_join(command), flush=True)
+    code = forwarder.run(command)
+    summary = read_json(run.run_dir / SUMMARY_NAME)
+    diverged = summary is not None and diverged_in_a_learning_rate_sweep(run, summary)
+    if summary is not None and (code == 0 or diverged):
+        record_run(run, segments + [{key: summary[key] for key in SEGMENT_KEYS}])
+    if forwarder.received:
+        raise SweepInterrupted(forwarder.received)
+    if diverged:
+        print(f"{run.describe()} diverged: a result of the learning-rate sweep, which goes on", flush=True)
+    elif code != 0:
+        raise RunFailed(f"training {run.describe()}, failed with exit code {code}; "
+                        f"its output is above, its files in {run.run_dir}")
+    return summary
+
+
+def over_segments(summary, segments):
+    """A resumed run's wall time summed over its train.py processes, and its speed and peak memory over
+    all of them, not only the last (whose few steps may be its warm-up)."""
+    if not segments:
+        return summary
+    timed = [(max(s["iterations_this_run"] - 1, 1), s["mean_ms_per_iter"]) for s in segments
+             if s["mean_ms_per_iter"] is not None]  # each segment's first step is its warm-up
+    ms_per_iter = sum(n * ms for n, ms in timed) / sum(n for n, _ in timed) if timed else None
+    memory = [s["peak_memory_bytes"] for s in segments if s["peak_memory_bytes"] is not None]
+    return summary | {"wall_time_s": sum(s["wall_time_s"] for s in segments),
+                      "mean_ms_per_iter": ms_per_iter,
+                      "tokens_per_s": summary["tokens_per_iter"] / (ms_per_iter / 1000) if ms_per_iter else None,
+                      "peak_memory_bytes": max(memory, default=None)}
+
+
+def finished_summary(run):
+    """A run's summary as the tables use it: its totals over every segment, and derived columns."""
+    summary = over_segments(read_json(run.run_dir / SUMMARY_NAME), read_json(run.run_dir / RECORD_NAME).get("segments"))
+    summary |= {"size": run.size, "seed": run.seed, "training_flops": run.flops_per_token * summary["tokens_per_iter"]
+                * summary["iterations"], "tokens": summary["tokens_per_iter"] * summary["iterations"]}
+    if run.learning_rate is not None:
+        summary["learning_rate"] = run.learning_rate
+    if summary.get("final_val_loss") is not None:
+        summary["val_ppl"] = math.exp(summary["final_val_loss"])
+    if summary.get("peak_memory_bytes") is not None:
+        summary["peak_memory_mb"] = summary["peak_memory_bytes"] / 2**20
+    return summary
+
+
+def time_left(done_seconds, done_flops, planned_flops):
+    if not done_flops:
+        return "estimated time left: known after the first run"
+    seconds = done_seconds / done_flops * planned_flops
+    return f"estimated time left {seconds / 60:.1f} min"
+
+
+def run_sweep(plan, launcher=""):
+    """Train every planned run not already finished, in order; returns {run_dir: summary}. A signal stops
+    the sweep (SweepInterrupted) once the running train.py has saved its checkpoint."""
+    statuses = [run_status(run) for run in plan]  # every folder checked before anything trains
+    spent_seconds = spent_flops = 0.0
+    with SignalForwarder() as forwarder:
+        for k, (run, status) in enumerate(zip(plan, statuses), 1):
+            left = sum(r.training_flops for r, s in zip(plan[k - 1:], statuses[k - 1:]) if s != "done")
+            head = f"\n=== run {k} of {len(plan)}: {run.describe()}, {run.iterations:,} iters"
+            if status == "done":
+                print(f"{head}: finished already, skipped", flush=True)
+                continue
+            print(f"{head}{' (resuming)' if status == 'resume' else ''}; "
+                  f"{time_left(spent_seconds, spent_flops, left)}", flush=True)
+            started = time.time()
+            train_once(run, status, launcher, forwarder)
+            spent_seconds += time.time() - started
+            spent_flops += run.training_flops
+    return {run.run_dir: finished_summary(run) for run in plan}
