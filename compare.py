@@ -54,10 +54,15 @@ HELLASWAG_NAME = "compare_hellaswag.json"  # in each run's folder: its scores, a
 BUDGET_FLAGS = {"tokens": "budget_tokens", "flops": "budget_flops", "time": "budget_seconds"}
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    def error(self, message):  # one line, as every other error of the sweep; --help shows the usage
+        self.exit(2, f"error: {message} (python compare.py --help lists the options)\n")
+
+
 def parse_args(argv):
     # no abbreviations: what is not ours is a train.py setting (--seed is not --seeds)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                    allow_abbrev=False)
+    parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           allow_abbrev=False)
     parser.add_argument("config", help="a train.py config file, e.g. config/train_shakespeare_char_cpu.py")
     parser.add_argument("--variants", default=",".join(ATTENTION_VARIANTS), help="comma-separated attention variants")
     parser.add_argument("--seeds", type=int, default=1, help="runs per variant and size, seeds 0..N-1")

@@ -288,7 +288,8 @@ def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, messag
     config, out_dir = tiny_run
     with pytest.raises(SystemExit):
         compare.main([str(config), f"--out_dir={out_dir}", *argv])
-    assert message in capsys.readouterr().err and not out_dir.exists()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not out_dir.exists()
 
 
 def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run, capsys):
