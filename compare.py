@@ -34,10 +34,8 @@ The results land in
 """
 
 import argparse
-import contextlib
 import json
 import math
-import signal
 import sys
 from pathlib import Path
 
@@ -48,6 +46,7 @@ from checkpoint import CHECKPOINT_NAME, CheckpointError
 from data import config_data_dir
 from eval_hellaswag import HellaSwagError, check_encodable, evaluate_checkpoint, load_examples
 from model import ATTENTION_CLASSES, ATTENTION_VARIANTS
+from runtime import sigterm_as_ctrl_c
 from tokenizer import TokenizerUnavailableError, read_meta, tokenizer_from_meta
 
 HELLASWAG_NAME = "compare_hellaswag.json"  # in each run's folder: its scores, and what they score
@@ -198,19 +197,6 @@ def hellaswag_scores(run_dir, args):
     scores = {k: results[k] for k in ("acc", "acc_norm", "acc_char_norm")}
     write_text_atomic(run_dir / HELLASWAG_NAME, json.dumps({"scored": scored, "scores": scores}))
     return scores
-
-
-@contextlib.contextmanager
-def sigterm_as_ctrl_c():
-    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that both stop work done in this process alike."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir):

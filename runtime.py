@@ -178,6 +178,21 @@ class StopSignals:
                 signal.signal(sig, self._handle)
 
 
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """Inside the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that a scheduler's stop and
+    a user's end work in this process alike, through the same `except` and `finally` (by default a
+    SIGTERM ends the process without running either). Main thread only."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class CpuThreads:
     """torch's threads on CPU, kept to the cores that other processes leave free.
 

@@ -30,6 +30,8 @@ model's, with its AdamW state, is ~15 GB; it would be removed at once if one wer
 """
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import re
@@ -48,7 +50,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the repo's modules, from bench/
 from checkpoint import LOG_NAME, SUMMARY_NAME
 from configurator import ConfigError, get_config, resolve_config
-from runtime import machine_name
+from launcher import child_pids
+from runtime import machine_name, sigterm_as_ctrl_c
 from tokenizer import GPT2_VOCAB_SIZE, write_meta, write_tokens_atomically
 
 DEFAULT_CONFIGS = ["config/train_llama1b_efficient_c4.py", "config/train_tinyllama_standard_c4.py"]
@@ -95,17 +98,39 @@ def train_command(config, parallelism, out_dir, data_dir, args):
 
 def run_train(command, log_path, timeout):
     """Run one train.py to its end (or kill its whole process group after `timeout` seconds);
-    its output goes to log_path. Returns None on success, else the reason as one line."""
-    with open(log_path, "w") as log:
+    its output goes to log_path. Returns None on success, else the reason as one line. The run
+    never outlives the benchmark: a SIGTERM or Ctrl-C to it kills the run's process group first, and
+    were it killed outright, the kernel kills the run (a 1B training left behind would hold the GPU
+    through the next benchmark, and save a checkpoint of ~15 GB when stopped)."""
+    with open(log_path, "w") as log, sigterm_as_ctrl_c():
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                   env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=die_with_parent)
         try:
             code = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the launcher and its training process
-            process.wait()
+            kill_group(process)
             return f"timed out after {timeout} s"
+        except KeyboardInterrupt:
+            kill_group(process)
+            raise
     return None if code == 0 else f"exit code {code}: {last_error_line(log_path)}"
+
+
+def kill_group(process):
+    """SIGKILL a run: first the training processes a launcher started (each in a session of its own),
+    which its death would send SIGTERM, on which they save a checkpoint; then the launcher's group."""
+    for pid in child_pids(process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def die_with_parent():
+    """In a run's process before it starts: the kernel SIGKILLs it when the benchmark dies, even by
+    SIGKILL (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def last_error_line(log_path):
@@ -226,6 +251,9 @@ def main(argv=None):
     try:
         write_random_data(scratch / "data", max(c["block_size"] for c in args.resolved.values()))
         rows = [bench_one(config, p, scratch, args) for config in args.configs for p in args.parallelisms]
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run in progress was killed with its processes
+        print("stopped: the run in progress was killed; the rows above are the runs that finished", flush=True)
+        return 130
     finally:
         if not args.work_dir:
             shutil.rmtree(scratch, ignore_errors=True)

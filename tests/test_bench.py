@@ -1,9 +1,14 @@
 """bench/bench_train.py and bench/bench_attention_kernels.py on CPU, at tiny sizes: the table rows
 say what the runs' own summary.json files say, a failed run is reported in its row, and the attention
 bench names the kernel torch's dispatcher chooses and compares every backend with MATH; bench_model.py
-trains a NanoGPT-like model.py beside the four variants."""
+trains a NanoGPT-like model.py beside the four variants; a benchmark stopped or killed takes its run
+with it."""
 import json
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +16,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from conftest import REPO
+from launcher import child_pids
 
 sys.path.insert(0, str(REPO / "bench"))
 import bench_attention_kernels  # noqa: E402
@@ -61,6 +67,46 @@ def test_bench_train_reports_a_failed_run_and_exits_1(tmp_path, capsys):
     (row,) = rows
     assert row[1] == "plain" and row[4] == "-"
     assert row[-1].startswith("failed: exit code 1: error: vocab_size=1000 is too small for the data")
+
+
+def start_long_run(tmp_path, parallelism):
+    """bench_train.py in its own process with one long run, once that run trains: (the benchmark, the
+    pids of the run's processes: train.py, or the launcher and its training process)."""
+    bench = subprocess.Popen([sys.executable, str(REPO / "bench" / "bench_train.py"), "--smoke", "--iters=100000",
+                              "--num_threads=1", f"--parallelisms={parallelism}", f"--work_dir={tmp_path}",
+                              str(REPO / CONFIG)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    log = tmp_path / f"{Path(CONFIG).stem}-{parallelism}.log"
+    deadline = time.time() + 120
+    while bench.poll() is None and time.time() < deadline and not (log.exists() and "iter 3:" in log.read_text()):
+        time.sleep(0.2)
+    run = child_pids(bench.pid)
+    return bench, run + [pid for parent in run for pid in child_pids(parent)]
+
+
+def alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the run's processes")
+@pytest.mark.parametrize("parallelism, sig", [("fsdp", signal.SIGTERM), ("plain", signal.SIGKILL)])
+def test_a_run_never_outlives_the_benchmark(parallelism, sig, tmp_path):
+    """A benchmark stopped by a job's time limit must not leave a 1B training on the GPU for the next one."""
+    bench, run = start_long_run(tmp_path, parallelism)
+    assert len(run) == (2 if parallelism == "fsdp" else 1) and all(map(alive, run)), bench.communicate()[0][-3000:]
+    bench.send_signal(sig)
+    output = bench.communicate(timeout=60)[0]
+    deadline = time.time() + 30
+    while any(map(alive, run)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(map(alive, run))
+    if sig == signal.SIGTERM:
+        assert bench.returncode == 130 and "stopped: the run in progress was killed" in output
+        assert not list(tmp_path.rglob("ckpt*"))  # killed, not stopped: no checkpoint to save
 
 
 def test_last_error_line_skips_the_launchers_summary(tmp_path):
