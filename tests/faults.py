@@ -86,3 +86,11 @@ def nan_loss_after(real_forward, n):
         return logits, loss
 
     return forward
+
+
+def alive(pid):
+    """Whether a process runs (Linux's /proc): not ended, nor a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -16,6 +16,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from conftest import REPO
+from faults import alive
 from launcher import child_pids
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -82,13 +83,6 @@ def start_long_run(tmp_path, parallelism):
         time.sleep(0.2)
     run = child_pids(bench.pid)
     return bench, run + [pid for parent in run for pid in child_pids(parent)]
-
-
-def alive(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.slow

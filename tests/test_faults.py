@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-import distributed
 import train as T
 from checkpoint import load_checkpoint
 from conftest import REPO
 from distributed import SHARDED_NAME, TRAIN_STATE_NAME, load_train_state
-from faults import Killed, kill_after
+from faults import Killed, alive, kill_after
 from launcher import child_pids
 from test_fsdp import assert_same_params, one_process_group, train_losses  # noqa: F401  a fixture
 from test_train import data_dir, params, subprocess_env, tiny  # noqa: F401  data_dir is a fixture
@@ -215,13 +214,6 @@ def start(tmp_path, config, command, log_name):
         assert proc.poll() is None and time.time() < deadline, (tmp_path / log_name).read_text()[-3000:]
         time.sleep(0.1)
     return proc
-
-
-def alive(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.slow
