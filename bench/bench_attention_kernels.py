@@ -11,7 +11,8 @@ backend forced alone through torch.nn.attention.sdpa_kernel (FLASH_ATTENTION, EF
 CUDNN_ATTENTION, MATH). A backend that refuses the shape is reported "not supported" with the
 reasons torch gives. Which kernel each row ran (the default dispatch's choice above all) is read
 from a torch.profiler trace of one step: the aten operator it called (CPU activity) and, on CUDA,
-the names of the GPU kernels that took the most time (CUDA activity). Each output is compared with MATH's on the same inputs (max |difference|),
+the names of the GPU kernels that took the most time (CUDA activity), traced after every row is
+timed (a profiler, once used, slows the steps that follow it). Each output is compared with MATH's on the same inputs (max |difference|),
 so a row that is fast but wrong would show. FlashAttention takes head dims up to 256 only, so at
 d_k = 3072 the choice is among the others; that is what this measures.
 
@@ -108,23 +109,36 @@ def refusal(warned, error):
     return " ".join(reasons) if reasons else str(error).strip().splitlines()[0]
 
 
+def backend_context(backend):
+    """The default dispatch (backend None), or one backend forced alone."""
+    return sdpa_kernel([getattr(SDPBackend, backend)]) if backend else contextlib.nullcontext()
+
+
 def measure(inputs, reference, args, backend=None):
-    """A row for the default dispatch (backend None) or one backend forced alone."""
+    """A row for the default dispatch (backend None) or one backend forced alone: its time, memory
+    and difference from MATH (which kernel it ran is traced later, by trace_rows)."""
     name = backend or "default"
-    context = sdpa_kernel([getattr(SDPBackend, backend)]) if backend else contextlib.nullcontext()
-    with context, warnings.catch_warnings(record=True) as warned:
+    with backend_context(backend), warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         try:
             out = step(*inputs)
-            ran, kernels = traced_kernels(inputs, args)
             seconds, peak = time_steps(inputs, args), peak_extra_bytes(inputs, args)
         except torch.cuda.OutOfMemoryError as e:
             return {"backend": name, "error": f"out of memory: {str(e).splitlines()[0]}"}
         except RuntimeError as e:  # the dispatcher found no kernel for this shape among those allowed
             return {"backend": name, "error": f"not supported: {refusal(warned, e)}"}
     diff = (out.float() - reference.float()).abs().max().item()
-    return {"backend": name, "ran": ran, "kernels": kernels, "seconds": seconds, "peak": peak, "diff": diff,
-            "error": None}
+    return {"backend": name, "seconds": seconds, "peak": peak, "diff": diff, "error": None}
+
+
+def trace_rows(heads, d_k, rows, args):
+    """Which kernel each row that ran used, from a profiler trace, once every row is timed: the
+    profiler leaves CUPTI's callbacks on after it stops, which would slow every step timed after it."""
+    inputs = make_inputs(heads, d_k, args)
+    for row in rows:
+        if not row["error"]:
+            with backend_context(None if row["backend"] == "default" else row["backend"]):
+                row["ran"], row["kernels"] = traced_kernels(inputs, args)
 
 
 def traced_kernels(inputs, args):
@@ -212,9 +226,9 @@ def main(argv=None):
     print(header("bench_attention_kernels.py", argv))
     print(f"# {args.device}, {args.dtype}, causal, batch {args.batch}, T {args.seq_len}; forward+backward, "
           f"median of {args.repeats} after {args.warmup} warm-up", flush=True)
-    results = []
-    for heads, d_k in args.shapes:
-        results.append({"heads": heads, "d_k": d_k, "rows": bench_shape(heads, d_k, args)})
+    results = [{"heads": heads, "d_k": d_k, "rows": bench_shape(heads, d_k, args)} for heads, d_k in args.shapes]
+    for result in results:
+        trace_rows(result["heads"], result["d_k"], result["rows"], args)
     print_table(results)
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's mo
 from prepare_openwebtext import loaded_sources, resolve_source, write_token_files
 from tokenizer import TokenizerUnavailableError, gpt2_encoding
 
-SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared" / "data" / "tinyshakespeare.txt"
+SHAKESPEARE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "tinyshakespeare.txt"  # ../shared
 OWT_DOCUMENT_CHARS = 5000
 
 

@@ -63,6 +63,7 @@ SMOKE = ["--n_layer=1", "--n_embd=64", "--intermediate_size=128", "--block_size=
          "--compile=False"]
 OWN_KEYS = ("out_dir", "data_dir", "max_iters", "init_from", "parallelism", "learning_rate", "min_lr")  # set here
 SECONDS_PER_DAY = 86400
+FAILED_RUN_LINES = 25  # of a failed run's output, printed before its row
 ERROR_LINE = re.compile(r"^(?:\[[^\]]*\]:\s*)?((?:[\w.]+(?:Error|Exception)|error): .*)$")
 
 
@@ -163,8 +164,12 @@ def bench_one(config, parallelism, scratch, args):
     resolved = args.resolved[config]
     row = {"config": config, "parallelism": parallelism,
            "shape": f"{resolved['batch_size']} x {resolved['block_size']}"}
-    row["error"] = run_train(command, scratch / f"{name}.log", args.timeout)
-    if row["error"] is None:
+    log_path = scratch / f"{name}.log"
+    row["error"] = run_train(command, log_path, args.timeout)
+    if row["error"] is not None:  # the end of its output, which the scratch folder takes away with it
+        tail = Path(log_path).read_text(errors="replace").splitlines()[-FAILED_RUN_LINES:]
+        print("\n".join(f"  | {line}" for line in tail), flush=True)
+    else:
         row["tokens_per_s"], row["mfu"], summary = measure(out_dir, args.warmup_steps)
         row.update(params=summary["n_params"], peak_memory=summary["peak_memory_bytes"],
                    wall_s=summary["wall_time_s"], world_size=summary["world_size"])

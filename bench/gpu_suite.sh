@@ -21,6 +21,8 @@
 # Each stage writes its whole output to LOG_DIR/<stage>.log (default ./out-gpu-logs), after the machine
 # (nvidia-smi, torch, CUDA) and before each command the command itself. A stage stops at its first
 # failing command; the stages after it still run, and the suite exits 1 naming the ones that failed.
+# STAGE_TIMEOUT=SECONDS stops a stage that runs longer (SIGTERM to its commands, SIGKILL 30 s later),
+# so that one slow stage leaves time for the next ones of a job with a time limit.
 # What every requested stage needs is checked before any runs. What the stages read:
 #   SHAKESPEARE_TXT   Tiny Shakespeare as a text file (shakespeare_a, shakespeare_b, nanogpt_shakespeare)
 #   NANOGPT_DIR       a checkout of https://github.com/karpathy/nanoGPT (nanogpt_shakespeare; step and
@@ -32,7 +34,9 @@ STAGES=(tests sample step step_large step_eager shakespeare_a shakespeare_b nano
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SHAKESPEARE_OUT=out-compare-shakespeare-gpu  # compare.py's folder for both halves (out*/ is git-ignored)
 RESUME_WORK=out-gpu-suite/resume
-RUN_TIMEOUT=${RUN_TIMEOUT:-300}  # seconds for each bench_train.py run before it is stopped and reported
+RUN_TIMEOUT=${RUN_TIMEOUT:-240}  # seconds for each bench_train.py run before it is stopped and reported
+STAGE_TIMEOUT=${STAGE_TIMEOUT:-}  # seconds for each stage; none when empty
+SCRIPT=$(realpath -- "${BASH_SOURCE[0]}")
 export PYTHONUNBUFFERED=1
 
 die() {
@@ -75,7 +79,10 @@ preflight() {
   case $stage in
     tests) ;;
     shakespeare_a | shakespeare_b) need_cuda "$stage" && need_shakespeare "$stage" ;;
-    nanogpt_shakespeare) need_cuda "$stage" && need_shakespeare "$stage" && need_nanogpt "$stage" ;;
+    nanogpt_shakespeare) need_cuda "$stage" && need_shakespeare "$stage" && need_nanogpt "$stage" \
+      && { python -c 'import requests' 2>/dev/null || die "$stage: NanoGPT's prepare.py imports requests: pip install requests"; } ;;
+    step | step_large) need_cuda "$stage" && { [[ -z ${NANOGPT_DIR:-} || -f $NANOGPT_DIR/model.py ]] \
+      || die "$stage: NANOGPT_DIR=$NANOGPT_DIR holds no model.py (a checkout of https://github.com/karpathy/nanoGPT)"; } ;;
     resume) need_cuda "$stage" && { command -v torchrun >/dev/null || die "$stage: torchrun is not on PATH"; } ;;
     *) need_cuda "$stage" ;;
   esac
@@ -204,17 +211,24 @@ run_stage() {
 }
 
 # every stage, also after one fails (a stage run where errexit is off, in an `if` or `||`, would not stop
-# at its failing command, so each runs in a subshell that turns errexit back on); 1 if any failed
+# at its failing command, so each runs in a subshell that turns errexit back on; with STAGE_TIMEOUT,
+# this script again, for that stage alone, under `timeout`); 1 if any failed
 run_stages() {
-  local stage failed=()
+  local stage code failed=()
   for stage in "$@"; do
     set +e
-    (
-      set -e
-      run_stage "$stage"
-    )
-    (($? == 0)) || failed+=("$stage")
+    if [[ -n $STAGE_TIMEOUT ]]; then
+      STAGE_TIMEOUT="" timeout --kill-after=30 "$STAGE_TIMEOUT" bash "$SCRIPT" --log_dir="$LOG_DIR" "$stage"
+    else
+      (
+        set -e
+        run_stage "$stage"
+      )
+    fi
+    code=$?
     set -e
+    ((code != 124)) || echo "== $stage: stopped after STAGE_TIMEOUT=$STAGE_TIMEOUT s" | tee -a "$LOG_DIR/$stage.log"
+    ((code == 0)) || failed+=("$stage")
   done
   ((${#failed[@]} == 0)) || die "failed: ${failed[*]} (their logs are in $LOG_DIR)"
 }

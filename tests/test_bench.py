@@ -2,8 +2,9 @@
 say what the runs' own summary.json files say, a failed run is reported in its row, and the attention
 bench names the kernel torch's dispatcher chooses and compares every backend with MATH; bench_model.py
 trains a NanoGPT-like model.py beside the four variants; a benchmark stopped or killed takes its run
-with it."""
+with it; gpu_suite.sh's control flow (a stage past its time, a failing one, an unknown one)."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -68,6 +69,7 @@ def test_bench_train_reports_a_failed_run_and_exits_1(tmp_path, capsys):
     (row,) = rows
     assert row[1] == "plain" and row[4] == "-"
     assert row[-1].startswith("failed: exit code 1: error: vocab_size=1000 is too small for the data")
+    assert "  | error: vocab_size=1000 is too small" in output  # the end of the run's own output too
 
 
 def start_long_run(tmp_path, parallelism):
@@ -179,3 +181,39 @@ def test_bench_model_steps_nanogpt_and_every_variant(tmp_path):
         before = [p.detach().clone() for p in model.parameters()]
         bench_model.make_step(model, 2, args)()  # forward, backward, clip, AdamW
         assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters())), name
+
+
+FAKE_PYTHON = """#!/bin/bash
+# what the suite's commands would do on a GPU, in a blink: one stage hangs, one fails
+case "$*" in
+  *is_available*) echo yes ;;
+  *bench_sample.py*) exec sleep 120 ;;
+  *bench_model.py*) echo "bench_model.py failed"; exit 3 ;;
+  *) echo "python $*" ;;
+esac
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
+def test_gpu_suite_stops_a_stage_past_its_time_and_goes_on(tmp_path):
+    """A hung stage must not take a job's whole time: it is stopped, the next stage runs, and the suite
+    names both that failed."""
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}", STAGE_TIMEOUT="3")
+    started = time.time()
+    result = subprocess.run(["bash", str(REPO / "bench" / "gpu_suite.sh"), f"--log_dir={tmp_path / 'logs'}",
+                             "sample", "step_eager"], env=env, capture_output=True, text=True, timeout=100)
+    assert time.time() - started < 60
+    assert result.returncode == 1 and "failed: sample step_eager" in result.stderr, result.stdout + result.stderr
+    sample, step_eager = ((tmp_path / "logs" / f"{stage}.log").read_text() for stage in ("sample", "step_eager"))
+    assert "bench_sample.py --device=cuda --compile" in sample and "stopped after STAGE_TIMEOUT=3 s" in sample
+    assert "bench_model.py failed" in step_eager
+
+
+def test_gpu_suite_refuses_an_unknown_stage_before_running_any(tmp_path):
+    result = subprocess.run(["bash", str(REPO / "bench" / "gpu_suite.sh"), f"--log_dir={tmp_path}", "tests", "steps"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "unknown stage 'steps'" in result.stderr and not list(tmp_path.iterdir())
