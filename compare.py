@@ -85,7 +85,8 @@ def parse_args(argv):
 
 
 def check_args(parser, args, train_overrides):
-    """Everything about the arguments that can be wrong, as one argparse error line each."""
+    """Everything about the arguments that can be wrong, as one argparse error line each. Turns
+    args.variants, args.sizes and args.learning_rates from text into lists and sets args.budget."""
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in args.variants + [args.reference] if v not in ATTENTION_CLASSES]
     if unknown or not args.variants:
@@ -206,14 +207,14 @@ def write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir
     header = f"Command: `{command}` ({seeds_note}; ranking in parentheses, 1 = best)"
     extra = {"command": command, "config": args.config, "train_overrides": train_overrides, "match": args.match,
              "reference": args.reference, "seeds": args.seeds, "learning_rates": args.learning_rates}
-    return frontier.write_report(out_dir, header, plan, budgets, list(summaries.values()), args.variants,
-                                 args.reference, args.seeds, extra)
+    return frontier.write_report(out_dir, header, plan, budgets, list(summaries.values()), variants=args.variants,
+                                 reference=args.reference, seeds=args.seeds, extra=extra)
 
 
-def score_hellaswag(args, argv, train_overrides, plan, budgets, summaries, out_dir):
+def score_hellaswag(args, plan, summaries, report, out_dir):
     """The report without HellaSwag first, so that a Ctrl-C or an error while scoring loses none of the
     rest; then the scores, and the report again with them. Returns (exit status, markdown)."""
-    markdown = write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir)
+    markdown = report()
     try:
         with sigterm_as_ctrl_c():
             add_hellaswag(summaries, plan, args)
@@ -224,7 +225,7 @@ def score_hellaswag(args, argv, train_overrides, plan, budgets, summaries, out_d
     except (HellaSwagError, CheckpointError, TokenizerUnavailableError) as e:
         print(f"error: scoring HellaSwag: {e} ({out_dir / 'results.md'} holds every other column)", file=sys.stderr)
         return 1, markdown
-    return 0, write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir)
+    return 0, report()
 
 
 def main(argv=None):
@@ -244,12 +245,15 @@ def main(argv=None):
     except (sweep.SweepError, sweep.RunFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    def report():
+        return write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir)
+
     if args.hellaswag_file:
-        code, markdown = score_hellaswag(args, argv, train_overrides, plan, budgets, summaries, out_dir)
+        code, markdown = score_hellaswag(args, plan, summaries, report, out_dir)
         if code:
             return code
     else:
-        markdown = write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir)
+        markdown = report()
     print(f"\n{markdown}\nwrote {out_dir / 'results.md'}, {out_dir / 'results.json'} and the plots beside them")
     return 0
 

@@ -470,7 +470,7 @@ def plot_learning_rates(plt, summaries, labels, variants, best, path):
 # -----------------------------------------------------------------------------
 # the report
 
-def write_report(out_dir, header, plan, budgets, summaries, variants, reference, seeds, extra):
+def write_report(out_dir, header, plan, budgets, summaries, *, variants, reference, seeds, extra):
     """results.md (a table per size, then the summary and the fit), results.json, loss.png of the
     largest size's first seed and frontier.png; returns the markdown."""
     labels, every_run, every_planned = list(budgets), summaries, [run.as_dict() for run in plan]

@@ -414,11 +414,16 @@ def test_compute_ratio_for_the_reference_loss_at_the_largest_size():
     assert analysis["compute_for_target"]["efficient"]["ratio_per_seed"] == pytest.approx([1.5, 1.5], rel=1e-3)
 
 
+def one_seed_report(out_dir, budgets, rows, variants):
+    return frontier.write_report(out_dir, "header", [], budgets, rows, variants=variants, reference="standard",
+                                 seeds=1, extra={})
+
+
 def test_missing_matplotlib_or_scipy_skips_only_the_plots(tmp_path, monkeypatch, capsys):
     rows, budgets = synthetic_summaries(["standard", "efficient"], seeds=1)
     monkeypatch.setitem(sys.modules, "scipy", None)  # the fit is numpy alone
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, ["standard", "efficient"], "standard", 1, {})
+    markdown = one_seed_report(tmp_path, budgets, rows, ["standard", "efficient"])
     assert "loss.png and frontier.png skipped" in capsys.readouterr().out
     assert not list(tmp_path.glob("*.png"))
     summary = markdown.split("## Summary")[1]
@@ -431,7 +436,7 @@ def test_sizes_trained_on_one_budget_are_a_profile_not_a_fit(tmp_path):
     rows, budgets = synthetic_summaries(["standard", "efficient"], seeds=1)
     for row in rows:
         row["training_flops"] = 1e12 * (1 + 0.01 * "s m l xl".split().index(row["size"]))  # rounding's spread
-    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, ["standard", "efficient"], "standard", 1, {})
+    markdown = one_seed_report(tmp_path, budgets, rows, ["standard", "efficient"])
     summary = markdown.split("## Summary")[1]
     assert summary.count("no fit (every size trained on about the same FLOPs (they span 1.03x)") == 2
     assert "| n/a: no fit of standard | n/a: no fit of standard |" in summary and "x |" not in summary
@@ -442,14 +447,14 @@ def test_a_loss_that_rises_with_compute_has_no_compute_for_the_target(tmp_path):
     for row in rows:
         if row["attention"] == "efficient":
             row["final_val_loss"] = 2.0 + 0.01 * math.log10(row["training_flops"])
-    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, ["standard", "efficient"], "standard", 1, {})
+    markdown = one_seed_report(tmp_path, budgets, rows, ["standard", "efficient"])
     efficient = next(line for line in markdown.split("## Summary")[1].splitlines() if line.startswith("| efficient"))
     assert "loss rises with compute | n/a: efficient's loss rises with compute | n/a: efficient's loss" in efficient
 
 
 def test_a_reference_outside_the_variants_sets_no_target(tmp_path):
     rows, budgets = synthetic_summaries(["optimized", "efficient"], seeds=1)
-    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, ["optimized", "efficient"], "standard", 1, {})
+    markdown = one_seed_report(tmp_path, budgets, rows, ["optimized", "efficient"])
     summary = markdown.split("## Summary")[1]
     assert "compute for loss (none)" in summary and "out of range" not in summary
     assert summary.count("| n/a: no standard run sets the target | n/a: no standard run sets the target |") == 2
@@ -458,7 +463,7 @@ def test_a_reference_outside_the_variants_sets_no_target(tmp_path):
 def test_fewer_than_three_sizes_say_so_instead_of_fitting(tmp_path):
     rows, budgets = synthetic_summaries(["standard"], seeds=1)
     rows = [r for r in rows if r["size"] in ("s", "m")]
-    markdown = frontier.write_report(tmp_path, "header", [], {"s": 1e10, "m": 1e11}, rows, ["standard"], "standard", 1, {})
+    markdown = one_seed_report(tmp_path, {"s": 1e10, "m": 1e11}, rows, ["standard"])
     assert "no fit (2 sizes; a fit needs 3)" in markdown
 
 
