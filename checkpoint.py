@@ -266,7 +266,8 @@ def add_model_arguments(parser):
     parser.add_argument("--out_dir", default="out", help="training out_dir holding ckpt.pt, or a checkpoint file")
     parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, mps")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                        help="auto: bfloat16 on CUDA if supported, else float32")
+                        help="auto: bfloat16 on a GPU that computes it natively, float16 on an older GPU, "
+                        "float32 on CPU")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads on CPU (0 = the cores other processes leave free)")
 
