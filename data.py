@@ -118,13 +118,13 @@ class Batches:
         T = self.block_size
         rows = np.stack([data[i:i + T + 1] for i in ix.tolist()]).astype(np.int64)
         xy = torch.from_numpy(rows)
-        x, y = xy[:, :-1], xy[:, 1:]
         if self.device.startswith("cuda"):
-            x = x.pin_memory().to(self.device, non_blocking=True)
-            y = y.pin_memory().to(self.device, non_blocking=True)
-        elif self.device != "cpu":
-            x, y = x.to(self.device), y.to(self.device)
-        return x, y
+            # the shifted views are strided: pin and copy the whole rows once, then split them on the GPU
+            xy = xy.pin_memory().to(self.device, non_blocking=True)
+            return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+        if self.device != "cpu":
+            xy = xy.to(self.device)
+        return xy[:, :-1], xy[:, 1:]
 
 
 def choose_vocab_size(c, meta, max_token, data_dir):

@@ -39,8 +39,8 @@ def sample_next(logits, temperature=1.0, top_k=None):
     """One token per row (B, 1) from the last position's logits (B, vocab)."""
     logits = logits / temperature
     if top_k is not None:
-        kth_largest = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-        # torch.where, not boolean indexing: no device-to-host sync on the GPU
+        kth_largest = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        # a slice and torch.where, not a list index or boolean indexing: no host-device sync on the GPU
         logits = torch.where(logits < kth_largest, float("-inf"), logits)
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 

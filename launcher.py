@@ -86,6 +86,27 @@ def check_processes_per_node(nproc_per_node):
                           f"per node (at least 1), or auto")
 
 
+def keep_our_signal_handlers(launcher_args):
+    """torch's agent installs its own SIGINT and SIGTERM handlers as it starts the workers. From torch
+    2.10 an option leaves them out; before, the handler it installs is looked up in its module, so
+    one that passes these two signals on (and leaves SIGHUP and SIGQUIT to torch's) takes its place."""
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.run import get_args_parser
+
+    _, unknown = get_args_parser().parse_known_args(["--signals-to-handle=SIGHUP,SIGQUIT", "x"])
+    if not unknown:
+        return [*launcher_args, "--signals-to-handle=SIGHUP,SIGQUIT"]
+    torch_handler = api._terminate_process_handler
+
+    def handler(signum, frame):
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            return _pass_signal_to_workers(signum, frame)
+        return torch_handler(signum, frame)
+
+    api._terminate_process_handler = handler
+    return launcher_args
+
+
 def launch(launcher_args, script, script_args):
     """Run `script` under torch's elastic agent in this process, passing SIGINT and SIGTERM to the
     training processes. Returns 0, or raises LaunchError naming the ranks that failed."""
@@ -95,10 +116,7 @@ def launch(launcher_args, script, script_args):
 
     check_processes_per_node(get_args_parser().parse_known_args([*launcher_args, "x"])[0].nproc_per_node)
     if Path("/proc/self/stat").exists():  # how the workers are found to pass them a signal
-        # torch's agent would otherwise install its own handlers for these two
-        _, unknown = get_args_parser().parse_known_args(["--signals-to-handle=SIGHUP,SIGQUIT", "x"])
-        if not unknown:  # an option of torch >= 2.6
-            launcher_args = [*launcher_args, "--signals-to-handle=SIGHUP,SIGQUIT"]
+        launcher_args = keep_our_signal_handlers(launcher_args)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _pass_signal_to_workers)
     try:

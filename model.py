@@ -456,7 +456,7 @@ class GPT(nn.Module):
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             return logits, loss
-        logits = self.lm_head(x if all_logits else x[:, [-1], :])
+        logits = self.lm_head(x if all_logits else x[:, -1:, :])
         return logits, None
 
     def embed(self, idx, pos):
