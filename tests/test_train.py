@@ -699,6 +699,33 @@ def test_ddp_interrupted_by_ctrl_c_exits_0(tmp_path, data_dir):
     launch_and_signal(tmp_path, data_dir, signal.SIGINT, to_group=True, gradient_accumulation_steps=2)
 
 
+def test_the_launcher_keeps_sigint_and_sigterm_under_an_agent_of_any_torch(monkeypatch):
+    """torch >= 2.10: an option leaves the two signals out of the agent's handling; before, the
+    handler the agent installs passes them to the workers and leaves SIGHUP to torch's own."""
+    import argparse
+
+    import launcher
+    from torch.distributed.elastic.multiprocessing import api
+
+    def agent_options(*options):
+        parser = argparse.ArgumentParser()
+        for option in options:
+            parser.add_argument(option)
+        parser.add_argument("training_script")
+        return lambda: parser
+
+    monkeypatch.setattr("torch.distributed.run.get_args_parser", agent_options("--signals-to-handle"))
+    assert launcher.keep_our_signal_handlers(["--standalone"]) == ["--standalone", "--signals-to-handle=SIGHUP,SIGQUIT"]
+    monkeypatch.setattr("torch.distributed.run.get_args_parser", agent_options())  # torch < 2.10
+    passed, torchs = [], []
+    monkeypatch.setattr(launcher, "_pass_signal_to_workers", lambda signum, frame: passed.append(signum))
+    monkeypatch.setattr(api, "_terminate_process_handler", lambda signum, frame: torchs.append(signum))
+    assert launcher.keep_our_signal_handlers(["--standalone"]) == ["--standalone"]
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        api._terminate_process_handler(signum, None)
+    assert passed == [signal.SIGTERM, signal.SIGINT] and torchs == [signal.SIGHUP]
+
+
 def test_launcher_options_need_their_value_after_an_equals_sign(capsys):
     assert T.main(["--nproc_per_node", "2", "config/quickstart.py"]) == 1
     assert "--nproc_per_node=VALUE" in capsys.readouterr().err
