@@ -9,7 +9,7 @@
 out_dir = 'out-shakespeare-char-cpu'
 dataset = 'shakespeare_char'
 device = 'cpu'
-compile = False  # measured: compiling does not pay for itself at this size on CPU (see docs/training.md, CPU speed against NanoGPT)
+compile = False  # measured: compiling does not pay for itself at this size on CPU (see docs/training.md)
 
 eval_interval = 250
 eval_iters = 20
