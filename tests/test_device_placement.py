@@ -1,0 +1,88 @@
+"""Every tensor of the GPU path on the model's device, checked without a GPU.
+
+A CPU tensor mixed into a CUDA computation (a torch.arange without device=, a mask built on the host)
+passes every CPU test and fails only on a GPU. These tests run the training step and every decoding
+path on tensors that carry a device but no data, where such a mix raises as it would on the GPU:
+on "meta" tensors with any torch, and on fake CUDA tensors (FakeTensorMode) with a CUDA build of torch,
+which also takes the CUDA-only branches (fused AdamW, the decoding's choice of SDPA kernels). What the
+numbers are, and bf16 autocast (off where no GPU is), are tests/test_gpu.py's, on a real GPU."""
+import contextlib
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import generate as generation
+from conftest import SHAPES, TINY
+from model import GPT, GPTConfig
+
+fake_cuda = pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.backends.cuda.is_built(), reason="faking CUDA tensors needs a CUDA build of torch (this one is CPU-only)"))
+DEVICES = ["meta", fake_cuda]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """The device name, with FakeTensorMode active for "cuda" (no GPU needed, no kernel runs)."""
+    with FakeTensorMode() if request.param == "cuda" else contextlib.nullcontext():
+        yield request.param
+
+
+def model_on(device, attention, overrides):
+    with torch.device(device):  # built there: a fake CUDA tensor cannot be copied from a real CPU one
+        return GPT(GPTConfig(**{**TINY, **overrides, "attention": attention}))
+
+
+def tokens(device, batch=2, length=5):
+    return torch.zeros(batch, length, dtype=torch.long, device=device)
+
+
+@pytest.mark.parametrize("attention, overrides", SHAPES)
+def test_training_step_stays_on_device(device, attention, overrides):
+    """train.py's step: forward, backward, clip, the optimizer's step."""
+    model = model_on(device, attention, overrides).train()
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), device)
+    x = tokens(device, length=TINY["block_size"])
+    logits, loss = model(x, targets=x)
+    assert logits.device.type == loss.device.type == device
+    if device == "cuda":  # autograd's engine needs a real GPU to run a backward on CUDA tensors, fake or not
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+    else:
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    assert {p.grad.device.type for p in model.parameters()} == {device}
+    assert {s.device.type for state in optimizer.state.values() for s in state.values() if s.dim()} == {device}
+
+
+@pytest.mark.parametrize("attention, overrides", SHAPES)
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+def test_decoding_stays_on_device(device, attention, overrides, use_kv_cache):
+    """Past block_size, so that the window slides and the cache is refilled."""
+    model = model_on(device, attention, overrides).eval()
+    out = model.generate(tokens(device), TINY["block_size"] + 3, top_k=3, use_kv_cache=use_kv_cache)
+    assert out.device.type == device and out.shape == (2, 5 + TINY["block_size"] + 3)
+
+
+@pytest.mark.parametrize("attention, overrides", SHAPES)
+def test_compiled_decoding_loop_stays_on_device(device, attention, overrides, monkeypatch):
+    """The loop of compile=True with its step run eagerly: fixed-shape cache writes at input_pos, the
+    kept cache, the step markers of CUDA graphs (what torch.compile traces is decode_step itself)."""
+    monkeypatch.setattr(generation, "compiled_decode_step", lambda on_cuda: generation.decode_step)
+    model = model_on(device, attention, overrides).eval()
+    out = model.generate(tokens(device), TINY["block_size"] + 3, top_k=3, compile=True)
+    assert out.device.type == device and out.shape == (2, 5 + TINY["block_size"] + 3)
+
+
+def test_a_host_tensor_in_the_decoding_path_is_caught(device, monkeypatch):
+    """The check itself: with every torch.arange made on the CPU, as a forgotten device= makes it, decoding raises."""
+    arange = torch.arange
+
+    def host_arange(*args, device=None, **kwargs):
+        return arange(*args, **kwargs)
+
+    model = model_on(device, "efficient", {}).eval()
+    monkeypatch.setattr(torch, "arange", host_arange)
+    with pytest.raises(RuntimeError, match="device"):
+        model.generate(tokens(device), 3)
