@@ -126,6 +126,14 @@ def bench(shape, batch, args, nanogpt, peak):
     return rows
 
 
+def print_progress(shape_name, rows):
+    """One batch size's rows as soon as they are measured, so that a run stopped midway keeps them."""
+    for r in rows:
+        print(f"# {shape_name} batch {r['batch']} {r['name']}: {r['ms']:.2f} ms/step, "
+              f"{r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.1f}%", flush=True)
+    return rows
+
+
 def print_table(title, rows):
     print(f"\n### {title}\n")
     print("| model | batch | params | attn params/layer | FLOPs/token (fwd+bwd) | FLOP ratio | ms/step "
@@ -186,7 +194,9 @@ def main():
     describe_machine(args, peak, peak_source)
     for name in args.shapes:
         shape = SHAPES[name]
-        rows = [row for batch in args.batch_sizes for row in bench(shape, batch, args, nanogpt, peak)]
+        rows = []
+        for batch in args.batch_sizes:
+            rows += print_progress(name, bench(shape, batch, args, nanogpt, peak))
         print_table(f"{name} ({shape['n_layer']}L, {shape['n_head']}H, d={shape['n_embd']}, T={shape['block_size']})", rows)
 
 

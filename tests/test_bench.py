@@ -1,8 +1,9 @@
 """bench/bench_train.py and bench/bench_attention_kernels.py on CPU, at tiny sizes: the table rows
 say what the runs' own summary.json files say, a failed run is reported in its row, and the attention
 bench names the kernel torch's dispatcher chooses and compares every backend with MATH; bench_model.py
-trains a NanoGPT-like model.py beside the four variants; a benchmark stopped or killed takes its run
-with it; gpu_suite.sh's control flow (a stage past its time, a failing one, an unknown one)."""
+trains a NanoGPT-like model.py beside the four variants and prints each batch size's rows once they
+are measured; a benchmark stopped or killed takes its run with it; gpu_suite.sh's control flow (a
+stage past its time, a failing one, an unknown one)."""
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from torch.nn.attention import SDPBackend
 from conftest import REPO
 from faults import alive
 from launcher import child_pids
+from model import ATTENTION_VARIANTS
 
 sys.path.insert(0, str(REPO / "bench"))
 import bench_attention_kernels  # noqa: E402
@@ -181,6 +183,27 @@ def test_bench_model_steps_nanogpt_and_every_variant(tmp_path):
         before = [p.detach().clone() for p in model.parameters()]
         bench_model.make_step(model, 2, args)()  # forward, backward, clip, AdamW
         assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters())), name
+
+
+def test_bench_model_prints_each_batch_size_before_the_next_starts(monkeypatch, capsys):
+    """A job stopped at its time limit keeps the batch sizes already measured."""
+    monkeypatch.setitem(bench_model.SHAPES, "tiny", dict(n_layer=1, n_head=2, n_embd=16, block_size=8))
+    monkeypatch.setattr(bench_model, "measure_matmul_peak", lambda device, dtype: 1e11)
+    measure, batches = bench_model.bench, []
+
+    def bench_noting_the_output_so_far(shape, batch, *rest):
+        batches.append((batch, capsys.readouterr().out))
+        return measure(shape, batch, *rest)
+
+    monkeypatch.setattr(bench_model, "bench", bench_noting_the_output_so_far)
+    monkeypatch.setattr(sys, "argv", ["bench_model.py", "--shapes=tiny", "--batch_sizes=1,2", "--repeats=1",
+                                      "--vocab_size=64"])
+    bench_model.main()
+    assert [batch for batch, _ in batches] == [1, 2]
+    printed_before_batch_2 = batches[1][1]
+    for attention in ATTENTION_VARIANTS:
+        assert f"# tiny batch 1 {attention}: " in printed_before_batch_2
+    assert "# tiny batch 2 standard: " in capsys.readouterr().out
 
 
 FAKE_PYTHON = """#!/bin/bash
