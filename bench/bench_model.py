@@ -131,7 +131,6 @@ def print_progress(shape_name, rows):
     for r in rows:
         print(f"# {shape_name} batch {r['batch']} {r['name']}: {r['ms']:.2f} ms/step, "
               f"{r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.1f}%", flush=True)
-    return rows
 
 
 def print_table(title, rows):
@@ -196,7 +195,9 @@ def main():
         shape = SHAPES[name]
         rows = []
         for batch in args.batch_sizes:
-            rows += print_progress(name, bench(shape, batch, args, nanogpt, peak))
+            batch_rows = bench(shape, batch, args, nanogpt, peak)
+            print_progress(name, batch_rows)
+            rows += batch_rows
         print_table(f"{name} ({shape['n_layer']}L, {shape['n_head']}H, d={shape['n_embd']}, T={shape['block_size']})", rows)
 
 
