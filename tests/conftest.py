@@ -1,5 +1,6 @@
 """Shared test fixtures: where the repo and the optional ../shared folder beside it live, the tiny models
-the model tests build in three shapes (GPT-2-style, Llama-style, grouped-query), and the `slow` marker."""
+the model tests build in three shapes (GPT-2-style, Llama-style, grouped-query), the `slow` marker, and
+a CPU-only view of the machine for every test but the GPU's own."""
 import os
 import shutil
 import sys
@@ -58,6 +59,17 @@ def tiny_model(attention, seed=0, random_alignment=True, **overrides):
 
 def random_tokens(batch, length, seed=1, vocab=TINY["vocab_size"]):
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(autouse=True)
+def cpu_unless_a_gpu_test(request, monkeypatch):
+    """Every test outside test_gpu.py sees the machine CI sees, one without a GPU: their expectations
+    are what a CPU computes in float32 (cached == uncached sampling, exact resumes), which a GPU's
+    bf16 and atomics do not keep. So on a GPU machine, device='auto' still means the CPU for them, in
+    this process and in the train.py and sample.py processes they start; test_gpu.py tests the GPU."""
+    if request.node.path.name != "test_gpu.py":
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
 @pytest.fixture

@@ -1,5 +1,9 @@
-"""runtime.py: device and dtype choice, and the GPU peaks MFU is measured against."""
+"""runtime.py: device and dtype choice, and the GPU peaks MFU is measured against; the machine as
+every test but test_gpu.py sees it (conftest)."""
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -48,6 +52,16 @@ def test_auto_dtype_on_a_gpu_is_bfloat16_where_the_gpu_has_it(monkeypatch):
     # V100 / T4: torch emulates bf16 there (slowly) and says so only when emulation is left out
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     assert resolve_dtype("auto", "cuda") == "float16"
+
+
+def test_tests_see_a_machine_without_a_gpu_in_process_and_in_the_processes_they_start():
+    """conftest's view for every test outside test_gpu.py, so that their float32 CPU expectations hold on
+    a GPU machine too."""
+    assert resolve_device("auto") == "cpu"
+    started = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                             capture_output=True, text=True, check=True)
+    assert started.stdout.strip() == "False"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
 def test_autocast_only_for_half_precision():

@@ -364,7 +364,6 @@ def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, monkey
         T.train({**cfg, "init_from": "resume", "max_iters": 6, "dropout": 0.1}, verbose=False)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_device_cuda_without_a_gpu_is_one_error_line(tmp_path, data_dir, capsys):
     assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, device="cuda").items()]) == 1
     err = capsys.readouterr().err
