@@ -417,6 +417,7 @@ def evaluate_checkpoint(out_dir, data_file, limit=None, device="auto", dtype="au
     device, dtype = resolve_device_and_dtype(device, dtype)  # a bad one is refused before anything loads
     examples = load_examples(data_file, limit)
     model, tokenizer, _ = load_model_and_tokenizer("resume", out_dir, device)
+    check_encodable(examples, tokenizer)
     return evaluate(model, examples, tokenizer, device, batch_size=batch_size, dtype=dtype)
 
 
@@ -525,6 +526,7 @@ def run_evaluation(args, output, launched):
     data_file = find_data_file(args.data_file, args.cache_dir, rank, launched)
     examples = load_examples(data_file, args.limit)
     model, tokenizer, info = load_model_and_tokenizer(args.init_from, args.out_dir, device)
+    check_encodable(examples, tokenizer)  # here, not at the first unknown character hours into scoring
     if rank == 0:
         print(f"HellaSwag: {len(examples)} examples from {data_file}; {info['attention']} attention, "
               f"{info['tokenizer']} tokenizer, block_size {model.config.block_size}, {device}, {dtype}"

@@ -474,6 +474,21 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path, hellaswag_file, capsys
     assert proc.returncode == 1 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
 
 
+def test_a_character_the_model_cannot_encode_fails_before_scoring(tmp_path, hellaswag_file, capsys, monkeypatch):
+    """An unknown character in the last example stops the command line and evaluate_checkpoint before
+    the first batch is scored, not after the others (hours, on the full set)."""
+    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
+    with open(hellaswag_file, "a") as f:  # line 9, after the 8 good examples
+        f.write(json.dumps(example(["a", "b", "c", "d \u2014 e"], 0)) + "\n")
+    scored = []
+    monkeypatch.setattr(eh, "score_batch", lambda *args: scored.append(args) or [])
+    assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--no_progress"]) == 1
+    assert "line 9: cannot tokenize its ending" in capsys.readouterr().err
+    with pytest.raises(eh.HellaSwagError, match="line 9"):
+        eh.evaluate_checkpoint(tmp_path, hellaswag_file, device="cpu")
+    assert scored == []
+
+
 @pytest.mark.parametrize("where", ["under_a_file", "a_folder"])
 def test_an_unwritable_output_fails_before_evaluating(tmp_path, hellaswag_file, capsys, monkeypatch, where):
     save_char_checkpoint(tiny_gpt("standard"), tmp_path)
