@@ -1,6 +1,7 @@
 """
 Training configuration, as in NanoGPT: the defaults below, then any config files named on the command
-line (plain Python, executed in order), then `--key=value` overrides parsed as Python literals.
+line (plain Python, executed in order where the config so far is defined, so a file can derive one key
+from another), then `--key=value` overrides parsed as Python literals.
 Unlike NanoGPT, an unknown key or a value of the wrong type stops with an error naming the key and
 the expected type, and resolve_config checks the values before anything trains.
 
@@ -13,6 +14,7 @@ import ast
 import difflib
 import importlib.util
 import math
+import traceback
 from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple
@@ -167,23 +169,39 @@ def format_override(key, value):
     return f"--{key}={value!r}"
 
 
-def read_config_file(path, defaults=DEFAULT_CONFIG):
-    """Execute a plain-Python config file and return the settings it defines (names without a
-    leading underscore that are not modules, functions or classes)."""
+def read_config_file(path, defaults=DEFAULT_CONFIG, config_so_far=None):
+    """Execute a plain-Python config file and return the settings it sets. As in NanoGPT, it runs where
+    the config so far (the defaults, then earlier files and overrides) is defined, so that one key can
+    follow another (`min_lr = learning_rate / 10`). Names with a leading underscore, modules, functions
+    and classes are the file's own helpers, not settings."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
-    namespace = {}
-    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+    before = dict(defaults if config_so_far is None else config_so_far)
+    namespace = dict(before)
+    try:
+        exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+    except Exception as e:  # a typo, a name it does not define, a failing import: one line, not a traceback
+        raise ConfigError(f"config file {path}{_line_of(e, path)}: {type(e).__name__}: {e}") from None
     settings = {}
     for key, value in namespace.items():
         if key.startswith("_") or callable(value) or type(value).__name__ == "module":
             continue
+        if key in before and value is before[key]:
+            continue  # not set by this file
         try:
             settings[key] = check_value(key, value, defaults)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
     return settings
+
+
+def _line_of(error, path):
+    """", line N" where a config file's own code raised error (a SyntaxError says where it is too)."""
+    if isinstance(error, SyntaxError):
+        return f", line {error.lineno}"
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == str(path)]
+    return f", line {lines[-1]}" if lines else ""
 
 
 def get_config(argv, defaults=DEFAULT_CONFIG):
@@ -194,7 +212,7 @@ def get_config(argv, defaults=DEFAULT_CONFIG):
             key, value = parse_override(arg, defaults)
             config[key] = value
         else:
-            config.update(read_config_file(arg, defaults))
+            config.update(read_config_file(arg, defaults, config))
     return config
 
 

@@ -90,6 +90,20 @@ def test_config_file_then_overrides(tmp_path):
     assert config["n_layer"] == 5 and config["learning_rate"] == 2e-4
 
 
+def test_a_config_file_reads_the_config_so_far(tmp_path):
+    """As in NanoGPT: a file sees the defaults, earlier files and earlier overrides, so one key can follow
+    another; what it leaves alone stays as set before it."""
+    base, derived = tmp_path / "base.py", tmp_path / "derived.py"
+    base.write_text("learning_rate = 3e-3\nmax_iters = 100\n")
+    derived.write_text("min_lr = learning_rate / 10\nlr_decay_iters = max_iters\nwarmup_iters = warmup_iters // 2\n")
+    config = T.get_config([str(base), str(derived)])
+    assert config["min_lr"] == pytest.approx(3e-4) and config["lr_decay_iters"] == 100
+    assert config["warmup_iters"] == T.DEFAULT_CONFIG["warmup_iters"] // 2
+    config = T.get_config(["--learning_rate=1e-2", str(base), "--max_iters=7", str(derived)])
+    assert config["learning_rate"] == 3e-3 and config["min_lr"] == pytest.approx(3e-4) and config["lr_decay_iters"] == 7
+    assert T.get_config(["--n_layer=5", str(derived)])["n_layer"] == 5  # not reset by a file that never names it
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--no_such_key=1"], ["no_such_key", "unknown"]),
     (["--max_iters=1.5"], ["max_iters", "int", "float"]),
@@ -115,6 +129,13 @@ def test_config_file_errors(tmp_path):
         T.get_config([str(wrong)])
     with pytest.raises(T.ConfigError, match="not found"):
         T.get_config([str(tmp_path / "missing.py")])
+    failing = tmp_path / "failing.py"
+    failing.write_text("n_layer = 4\nmin_lr = learnin_rate / 10\n")
+    with pytest.raises(T.ConfigError, match=r"failing.py, line 2: NameError: name 'learnin_rate' is not defined"):
+        T.get_config([str(failing)])
+    failing.write_text("n_layer = (4\n")
+    with pytest.raises(T.ConfigError, match=r"failing.py, line 1: SyntaxError"):
+        T.get_config([str(failing)])
 
 
 def test_train_dict_is_checked_too(tmp_path, data_dir):
