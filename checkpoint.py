@@ -116,8 +116,9 @@ def load_resume_checkpoint(out_dir, model_args, sharded=False):
     if (checkpoint.get("config") or {}).get("init_from") in PRETRAINED_GPT2:
         # fine-tuned from OpenAI's weights: the model has their shape, not the config's, except for
         # what the config chose for it
-        model_args = {**saved, **{k: model_args[k] for k in ("attention", "block_size", "dropout")}}
-    mismatched = {k: (saved.get(k), v) for k, v in model_args.items() if saved.get(k) != v}
+        model_args = {**saved, **{k: model_args[k] for k in ("attention", "block_size")}}
+    # dropout may change, as in NanoGPT: no weight depends on it
+    mismatched = {k: (saved.get(k), v) for k, v in model_args.items() if saved.get(k) != v and k != "dropout"}
     if mismatched:
         details = ", ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, (a, b) in mismatched.items())
         raise CheckpointError(f"cannot resume from {checkpoint['source']}: its model args differ from the requested "

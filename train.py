@@ -140,7 +140,8 @@ def train(config, verbose=True):
         checkpoint = None
         if c["init_from"] == "resume":
             checkpoint = load_resume_checkpoint(out_dir, model_args, sharded=ddp and c["parallelism"] == "fsdp")
-            model_args = {key: checkpoint["model_args"][key] for key in model_args}  # a GPT-2 fine-tune's are OpenAI's
+            # a GPT-2 fine-tune's are OpenAI's; dropout is the config's, as no weight depends on it
+            model_args = {key: checkpoint["model_args"][key] for key in model_args} | {"dropout": c["dropout"]}
     except (DataError, CheckpointError) as e:
         if isinstance(e, CheckpointError):
             check_out_dir_free(out_dir)  # a live run mid-save, or before its first checkpoint, is the real cause
@@ -163,6 +164,7 @@ def train(config, verbose=True):
         try:
             announce(run, n_tokens)
             build_run(run, checkpoint)
+            checkpoint = None  # its weights and AdamW moments are copied in: free them for the whole run
             summary = train_loop(run, signals, threads)
             if ddp:
                 dist.barrier()  # no rank tears down its connections while another still uses them

@@ -2,6 +2,7 @@
 
 Everything runs on CPU with tiny models; the in-process runs take well under a second each."""
 import contextlib
+import gc
 import json
 import os
 import random
@@ -12,13 +13,15 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 
 import numpy as np
 import pytest
 import torch
 
 import train as T
-from checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_resume_checkpoint, model_from_checkpoint,
+                        save_checkpoint)
 from conftest import REPO, VARIANTS
 from faults import nan_after_step
 from model import GPT
@@ -308,6 +311,29 @@ def test_resume_with_other_model_args_is_a_clear_error(tmp_path, data_dir):
     assert (tmp_path / "out" / CHECKPOINT_NAME).read_bytes() == before
 
 
+def test_a_resume_may_change_dropout_and_frees_the_loaded_checkpoint(tmp_path, data_dir, monkeypatch):
+    """As in NanoGPT, dropout is the resume's own (no weight depends on it); the checkpoint it loaded
+    (a copy of the weights and AdamW's moments) is not held while the run trains."""
+    T.train(tiny(tmp_path, data_dir, max_iters=2, dropout=0.0), verbose=False)
+    loaded, train_loop = [], T.train_loop
+
+    def load_and_watch(*args, **kwargs):
+        checkpoint = load_resume_checkpoint(*args, **kwargs)
+        loaded.append(weakref.ref(checkpoint["model"]["lm_head.weight"]))
+        return checkpoint
+
+    def loop_and_check(run, *args):
+        gc.collect()
+        assert loaded[0]() is None, "the loaded checkpoint is still referenced during training"
+        assert all(block.attn.dropout == 0.1 for block in run.raw_model.transformer.h)
+        return train_loop(run, *args)
+
+    monkeypatch.setattr(T, "load_resume_checkpoint", load_and_watch)
+    monkeypatch.setattr(T, "train_loop", loop_and_check)
+    summary = T.train(tiny(tmp_path, data_dir, init_from="resume", max_iters=4, dropout=0.1), verbose=False)
+    assert summary["iterations"] == 4 and summary["model_args"]["dropout"] == 0.1 and loaded
+
+
 def test_resume_without_checkpoint(tmp_path, data_dir):
     with pytest.raises(CheckpointError, match="no checkpoint"):
         T.train(tiny(tmp_path, data_dir, init_from="resume"))
@@ -381,8 +407,8 @@ def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, monkey
     summary = T.train({**cfg, "init_from": "resume", "max_iters": 4}, verbose=False)
     assert summary["iterations"] == 4 and summary["iterations_this_run"] == 2
     assert summary["model_args"]["vocab_size"] == 50257 and summary["model_args"]["gelu_approximate"] == "tanh"
-    with pytest.raises(CheckpointError, match="dropout: checkpoint 0.0, requested 0.1"):
-        T.train({**cfg, "init_from": "resume", "max_iters": 6, "dropout": 0.1}, verbose=False)
+    with pytest.raises(CheckpointError, match="attention: checkpoint 'standard', requested 'efficient'"):
+        T.train({**cfg, "init_from": "resume", "max_iters": 6, "attention": "efficient"}, verbose=False)
 
 
 def test_device_cuda_without_a_gpu_is_one_error_line(tmp_path, data_dir, capsys):
