@@ -16,21 +16,35 @@ from runtime import peak_memory_bytes
 
 
 class RunLog:
-    """log.jsonl (and optionally wandb) on rank 0; a no-op elsewhere."""
+    """log.jsonl (and optionally wandb) on rank 0; a no-op elsewhere. held: keep the records in memory
+    until write_held_records (a new run leaves an earlier run's log.jsonl be until it first saves)."""
 
-    def __init__(self, out_dir, append, enabled, wandb_run=None):
-        self.file = None
+    def __init__(self, out_dir, append, enabled, wandb_run=None, held=False):
+        self.path = Path(out_dir) / LOG_NAME
+        self.file, self.held = None, None
         self.wandb = wandb_run
-        if enabled:
-            self.file = open(Path(out_dir) / LOG_NAME, "a" if append else "w", encoding="utf-8", buffering=1)
+        if enabled and held:
+            self.held = []
+        elif enabled:
+            self.file = open(self.path, "a" if append else "w", encoding="utf-8", buffering=1)
 
     def write(self, record):
-        if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
+        line = json.dumps(record) + "\n"
+        if self.held is not None:
+            self.held.append(line)
+        elif self.file is not None:
+            self.file.write(line)
         if self.wandb is not None:
             kind = record["type"]
             self.wandb.log({f"{kind}/{k}": v for k, v in record.items() if k not in ("type", "iter")},
                            step=record["iter"])
+
+    def write_held_records(self):
+        """Start log.jsonl anew with the records held so far, and write the next ones as they come."""
+        if self.held is not None:
+            self.file = open(self.path, "w", encoding="utf-8", buffering=1)
+            self.file.writelines(self.held)
+            self.held = None
 
     def close(self):
         if self.file is not None:
@@ -87,7 +101,8 @@ def write_summary(run):
         "out_dir": str(run.out_dir),
         "dataset": str(run.data_dir),
     }
-    if run.master and run.stop_reason != "eval_only":  # an evaluation alone leaves the run's summary be
+    # an evaluation alone leaves the run's summary be, as does a new run that has not replaced an earlier one
+    if run.master and run.stop_reason != "eval_only" and not run.keeps_earlier_run:
         write_text_atomic(run.out_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
     final = summary["final_val_loss"]
     run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_s']:.1f}s, final val loss "

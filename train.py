@@ -89,6 +89,8 @@ class Run:
     log: object = None
     hellaswag: tuple = None
     out_dir_lock: object = None
+    # a new run in an out_dir an earlier run checkpointed replaces that run's files at its first save
+    keeps_earlier_run: bool = False
 
     def __post_init__(self):
         self.master = self.rank == 0
@@ -214,6 +216,20 @@ def announce(run, n_tokens):
     if run.master:
         for stale in run.out_dir.glob(CHECKPOINT_NAME + ".*.tmp"):  # left by a crash while saving
             stale.unlink(missing_ok=True)
+    run.keeps_earlier_run = finds_earlier_run(run)
+    if run.keeps_earlier_run:
+        run.say(f"note: {run.out_dir / CHECKPOINT_NAME} is an earlier run's; this run replaces it, its log and its "
+                f"summary at its first save, and a stop before then leaves them as they are (to continue that run "
+                f"instead: --init_from=resume)")
+
+
+def finds_earlier_run(run):
+    """Whether a new run (not a resume) finds an earlier run's checkpoint in out_dir, as rank 0 sees it
+    (the rank that writes there), on every rank alike."""
+    found = None
+    if run.master:
+        found = run.c["init_from"] != "resume" and not run.c["eval_only"] and (run.out_dir / CHECKPOINT_NAME).exists()
+    return distributed.first_on_any_rank(found) if run.ddp else found
 
 
 def build_run(run, checkpoint):
@@ -312,7 +328,8 @@ def open_logs(run):
             run.say(f"dropped {dropped} record(s) past iteration {run.start_iter} from log.jsonl: steps after the "
                     f"checkpoint, which this run does again")
     # eval_only leaves the out_dir's log and summary as the training run wrote them
-    run.log = RunLog(run.out_dir, append=resuming, enabled=run.master and not c["eval_only"], wandb_run=wandb_run)
+    run.log = RunLog(run.out_dir, append=resuming, enabled=run.master and not c["eval_only"], wandb_run=wandb_run,
+                     held=run.keeps_earlier_run)
     if c["hellaswag_interval"]:
         run.hellaswag = hellaswag_examples(run)
 
@@ -379,9 +396,7 @@ def train_loop(run, signals, threads):
             if run.iter_num % c["log_interval"] == 0 or run.iter_num == c["max_iters"]:
                 log_step(run, loss, lr, run.step_times[-1])
             if stop:
-                run.stop_reason = signals.received or "signal on another rank"
-                run.say(f"received {run.stop_reason}: saving a checkpoint at iteration {run.iter_num} and stopping")
-                save(run, run.stop_reason, evaluated=False)  # the next iteration's evaluation is to come
+                stop_on_signal(run, signals)
                 break
             threads.adjust()
     except NonFiniteLossError:
@@ -390,6 +405,18 @@ def train_loop(run, signals, threads):
     finally:
         run.log.close()
     return write_summary(run)  # runlog.py
+
+
+def stop_on_signal(run, signals):
+    """Save a checkpoint to resume from, unless that would replace an earlier run's before this run has
+    saved once: a Ctrl-C meant to stop a command that forgot --init_from=resume must not cost that run."""
+    run.stop_reason = signals.received or "signal on another rank"
+    if run.keeps_earlier_run:
+        run.say(f"received {run.stop_reason}: stopping at iteration {run.iter_num} without a checkpoint, as this run "
+                f"has not saved yet and {run.out_dir / CHECKPOINT_NAME} is an earlier run's, kept as it was")
+        return
+    run.say(f"received {run.stop_reason}: saving a checkpoint at iteration {run.iter_num} and stopping")
+    save(run, run.stop_reason, evaluated=False)  # the next iteration's evaluation is to come
 
 
 def forward_backward(run, signals):
@@ -464,8 +491,9 @@ def evaluate(run):
 def diverged(run, what):
     """The error for a run whose loss or weights are no longer finite: nothing more is saved."""
     path = run.out_dir / CHECKPOINT_NAME
-    kept = (f"the last good checkpoint {path} is kept as it was" if path.exists()
-            else f"no checkpoint was written to {run.out_dir}")
+    kept = (f"no checkpoint was written to {run.out_dir}" if not path.exists() else
+            f"{path}, an earlier run's, is kept as it was" if run.keeps_earlier_run else
+            f"the last good checkpoint {path} is kept as it was")
     return NonFiniteLossError(f"{what} at iteration {run.iter_num}; stopping, and {kept}. Lower learning_rate, "
                               f"raise warmup_iters or lower grad_clip, then resume or restart")
 
@@ -492,6 +520,7 @@ def save(run, reason, evaluated):
     if run.fsdp:  # collectives: every rank writes its shards, then the whole model is gathered on rank 0
         distributed.write_shards(run.raw_model, run.optimizer, run.out_dir)
         state = {"model": distributed.full_model_state(run.raw_model), "sharded": distributed.SHARDED_NAME}
+    run.keeps_earlier_run = False  # on every rank: from here on, out_dir is this run's
     if not run.master:
         return
     ckpt = {"model_args": run.model_args, **state, "iter_num": run.iter_num, "evaluated": evaluated,
@@ -502,6 +531,7 @@ def save(run, reason, evaluated):
     if run.fsdp:  # the shards become the resume point, with the training state beside them; ckpt.pt follows
         distributed.commit_shards(run.out_dir, {k: v for k, v in ckpt.items() if k != "model"})
     save_checkpoint(ckpt, run.out_dir / CHECKPOINT_NAME)
+    run.log.write_held_records()  # the earlier run's log, if any, is replaced with its checkpoint
     run.say(f"saved checkpoint to {run.out_dir / CHECKPOINT_NAME} at iteration {run.iter_num} "
             f"({reason}, {time.time() - t:.2f}s)")
 

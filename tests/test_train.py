@@ -1055,6 +1055,24 @@ def test_a_signal_in_the_last_iteration_leaves_the_final_evaluation_to_the_resum
     assert log_records(tmp_path / "out", "eval") == [0, 4, 8]
 
 
+def test_a_new_run_replaces_an_earlier_runs_files_only_when_it_first_saves(tmp_path, data_dir, monkeypatch):
+    """The same command without --init_from=resume, stopped by a Ctrl-C before its first save, leaves the
+    earlier run's checkpoint, log and summary as they were; once it saves, they are its own."""
+    cfg = tiny(tmp_path, data_dir, max_iters=8, eval_interval=4)
+    T.train(cfg, verbose=False)
+    out = tmp_path / "out"
+    earlier = {name: (out / name).read_bytes() for name in (CHECKPOINT_NAME, "log.jsonl", "summary.json")}
+    send_signal_during_iteration(monkeypatch, 1)
+    summary = T.train(cfg, verbose=False)
+    assert summary["stop_reason"] == "SIGINT" and summary["iterations"] == 2
+    assert {name: (out / name).read_bytes() for name in earlier} == earlier
+    monkeypatch.undo()
+    send_signal_during_iteration(monkeypatch, 5)  # after the save at iteration 4
+    T.train(cfg, verbose=False)
+    assert load_checkpoint(out)["iter_num"] == 6 and log_records(out, "eval") == [0, 4]
+    assert json.loads((out / "summary.json").read_text())["iterations"] == 6
+
+
 def test_the_evaluation_a_resume_owed_is_saved_before_it_trains_on(tmp_path, data_dir, monkeypatch):
     cfg = tiny(tmp_path, data_dir, max_iters=8, eval_interval=4, always_save_checkpoint=False)
     send_signal_during_iteration(monkeypatch, 3)  # stops at 4, before iteration 4's evaluation
