@@ -133,6 +133,9 @@ def train(config, verbose=True):
         distributed.refuse(str, f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be "
                            f"divisible by the number of processes ({world_size}): the steps are split over them",
                            error=ConfigError)
+    if ddp and c["parallelism"] == "fsdp" and c["eval_iters"] % world_size:  # each rank, as many sharded forwards
+        distributed.refuse(str, f"config key 'eval_iters'={c['eval_iters']} must be divisible by the number of FSDP "
+                           f"processes ({world_size}): every rank evaluates an equal share", error=ConfigError)
     device, dtype = choose_device(c, ddp, local_rank)
     out_dir = Path(c["out_dir"])
     data_dir = config_data_dir(c)
@@ -235,9 +238,6 @@ def finds_earlier_run(run):
 def build_run(run, checkpoint):
     """Model, optimizer, batches, RNG state (from the checkpoint when resuming), logs."""
     c = run.c
-    if run.fsdp and c["eval_iters"] % run.world_size:  # every rank must run as many sharded forward passes
-        raise ConfigError(f"config key 'eval_iters'={c['eval_iters']} must be divisible by the number of FSDP "
-                          f"processes ({run.world_size})")
     build_model(run, checkpoint)
     build_optimizer(run, checkpoint)
     run.train_batches = Batches(run.data_dir / "train.bin", c["block_size"], c["batch_size"], run.device)

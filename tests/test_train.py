@@ -808,13 +808,17 @@ def test_an_incomplete_launch_environment_is_one_error_line(environment, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_accumulation_steps_that_do_not_split_over_the_processes_are_said_once(tmp_path, data_dir):
-    args = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, gradient_accumulation_steps=3).items()]
+@pytest.mark.parametrize("overrides, key", [
+    (dict(gradient_accumulation_steps=3), "gradient_accumulation_steps"),
+    (dict(parallelism="fsdp", eval_iters=3, gradient_accumulation_steps=2), "eval_iters"),
+])
+def test_steps_that_do_not_split_over_the_processes_are_said_once(tmp_path, data_dir, overrides, key):
+    args = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, **overrides).items()]
     result = subprocess.run([sys.executable, str(REPO / "train.py"), "--standalone", "--nproc_per_node=2", *args],
                             cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.count("error: config key 'gradient_accumulation_steps'=3 must be divisible by the number "
-                               "of processes (2)") == 1
+    assert result.stderr.count(f"error: config key '{key}'=3 must be divisible by the number of") == 1
+    assert not (tmp_path / "out").exists()  # said before anything started
 
 
 @pytest.mark.parametrize("value, problem", [("0", "no process to start"), ("two", "Unsupported nproc_per_node value")])
