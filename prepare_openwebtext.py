@@ -565,10 +565,10 @@ def write_token_files(sources, out_dir, budgets, num_threads, description, val_f
     """Tokenize every source into out_dir/{train,val}.bin; return the meta.json counts (empty ones not included).
 
     Both files are renamed into place only if every source was written; anything failing (or Ctrl-C)
-    removes them and leaves what out_dir held before, meta.json aside.
+    removes them and leaves what out_dir held before. meta.json marks a complete dataset: an earlier one
+    is removed just before the renames, and the caller writes the new one after them.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / META_FILENAME).unlink(missing_ok=True)  # a meta.json marks a complete dataset: it goes until the end
     num_empty = 0
     with ExitStack() as stack:
         files = {name: TokenFile(stack.enter_context(atomic_file(out_dir / f"{name}.bin", "wb")), budget, name)
@@ -582,6 +582,8 @@ def write_token_files(sources, out_dir, budgets, num_threads, description, val_f
             if file.documents == 0:
                 raise too_few_documents(f"{description}: no document went to {name}",
                                         sum(f.documents for f in files.values()), val_fraction)
+        # not before: a stream that fails hours in leaves the earlier dataset whole, meta.json included
+        (out_dir / META_FILENAME).unlink(missing_ok=True)
     return {"tokens": {name: file.tokens for name, file in files.items()},
             "documents": {name: file.documents for name, file in files.items()},
             "empty_documents_skipped": num_empty}

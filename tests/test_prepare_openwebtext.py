@@ -7,11 +7,13 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
 
+import atomic
 import prepare_openwebtext
 from conftest import REPO, needs_bpe
 from prepare_openwebtext import PrepareError, hash_router, prepare, split_budgets, token_count
@@ -272,7 +274,7 @@ def test_a_failed_write_is_an_error_line_that_keeps_the_old_files(tmp_path, monk
     source = write_jsonl(tmp_path / "c.jsonl", [{"text": doc} for doc in make_documents(10)])
     out_dir = tmp_path / "out"
     prepare(str(source), out_dir, val_fraction=0.2)
-    old = {name: (out_dir / name).read_bytes() for name in ("train.bin", "val.bin")}
+    old = {name: (out_dir / name).read_bytes() for name in ("meta.json", "train.bin", "val.bin")}
 
     def disk_full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -282,7 +284,7 @@ def test_a_failed_write_is_an_error_line_that_keeps_the_old_files(tmp_path, monk
         prepare_openwebtext.main(["--dataset", str(source), "--out_dir", str(out_dir), "--val_fraction", "0.2",
                                   "--num_proc", "1"])
     assert exited.value.code == f"error: cannot write the dataset to {out_dir}: No space left on device"
-    assert {name: (out_dir / name).read_bytes() for name in sorted(os.listdir(out_dir))} == old  # no meta.json
+    assert {name: (out_dir / name).read_bytes() for name in sorted(os.listdir(out_dir))} == old  # usable as it was
 
 
 @pytest.mark.slow  # a subprocess importing datasets: about 5 s on 2 busy cores
@@ -514,11 +516,11 @@ def test_streamed_run_of_one_document_is_an_error(tmp_path):
 
 @needs_bpe
 @pytest.mark.parametrize("streaming, num_proc", [(False, 1), (True, 1), (True, 2)])
-def test_interrupted_run_leaves_no_meta_and_no_partial_bin(tmp_path, monkeypatch, streaming, num_proc):
+def test_interrupted_run_leaves_the_earlier_dataset_whole(tmp_path, monkeypatch, streaming, num_proc):
     folder = write_c4_folder(tmp_path / "c4", make_documents(40), VAL_DOCUMENTS)
     out_dir = tmp_path / "out"
     prepare(str(folder), out_dir, val_split="validation", streaming=streaming)
-    old = {name: (out_dir / name).read_bytes() for name in ("train.bin", "val.bin")}
+    old = {name: (out_dir / name).read_bytes() for name in ("meta.json", "train.bin", "val.bin")}
 
     calls = []
 
@@ -534,8 +536,25 @@ def test_interrupted_run_leaves_no_meta_and_no_partial_bin(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         prepare(str(folder), out_dir, val_split="validation", streaming=streaming, num_proc=num_proc)
     assert len(calls) >= 4  # it stopped while writing, not before (threads may have started a few more)
-    assert sorted(os.listdir(out_dir)) == ["train.bin", "val.bin"]  # no meta.json, no temporary file
-    assert {name: (out_dir / name).read_bytes() for name in old} == old  # the old complete files, untouched
+    assert sorted(os.listdir(out_dir)) == ["meta.json", "train.bin", "val.bin"]  # no temporary file
+    assert {name: (out_dir / name).read_bytes() for name in old} == old  # the old complete dataset, untouched
+
+
+@needs_bpe
+def test_the_earlier_meta_json_is_gone_before_new_token_files_replace_the_old(tmp_path, monkeypatch):
+    """A kill between the two renames must not leave the old meta.json beside a new train.bin."""
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": doc} for doc in make_documents(10)])
+    out_dir = tmp_path / "out"
+    prepare(str(source), out_dir, val_fraction=0.2)
+    meta_at_rename, real_replace = {}, os.replace
+
+    def replace(src, dst):
+        meta_at_rename[Path(dst).name] = (out_dir / "meta.json").exists()
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    prepare(str(source), out_dir, val_fraction=0.2)
+    assert meta_at_rename == {"train.bin": False, "val.bin": False, "meta.json": False}
 
 
 @needs_bpe
