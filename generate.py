@@ -37,7 +37,7 @@ def check_prompt(idx):
 
 def sample_next(logits, temperature=1.0, top_k=None):
     """One token per row (B, 1) from the last position's logits (B, vocab)."""
-    logits = logits / temperature
+    logits = logits.float() / temperature  # float16 logits over a small temperature would overflow to inf
     if top_k is not None:
         kth_largest = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
         # a slice and torch.where, not a list index or boolean indexing: no host-device sync on the GPU

@@ -22,6 +22,7 @@ its cropping). docs/adding-a-variant.md shows how to add a fifth. Generation (th
 decoding loop, compiled decoding) is in generate.py, behind GPT.generate.
 """
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -456,8 +457,15 @@ class GPT(nn.Module):
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             return logits, loss
-        logits = self.lm_head(x if all_logits else x[:, -1:, :])
-        return logits, None
+        return self.float32_logits(x if all_logits else x[:, -1:, :]), None
+
+    def float32_logits(self, x):
+        """The head in float32 even under autocast, for sampling and scoring: bfloat16 keeps 8 bits, so
+        logits of 20-100 would round to steps of 0.125-0.5, tying top_k=1's candidates and shifting
+        HellaSwag's sums. It costs little: one position per sampled token, and training's loss is apart."""
+        no_autocast = contextlib.nullcontext() if x.device.type == "meta" else torch.autocast(x.device.type, enabled=False)
+        with no_autocast:  # meta tensors (the device-placement tests) have no autocast
+            return F.linear(x.float(), self.lm_head.weight.float())
 
     def embed(self, idx, pos):
         """The token embeddings plus, by default, the learned position embeddings at pos (T,); with RoPE,

@@ -219,6 +219,29 @@ def test_logits_cover_every_position_with_targets_or_all_logits_else_the_last(at
     torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
 
 
+def test_logits_for_sampling_and_scoring_are_float32_under_autocast():
+    """bfloat16 would round logits of 20-100 to steps of 0.125-0.5: the head that sampling and HellaSwag
+    read runs in float32 on the final hidden state; training's loss keeps autocast's head."""
+    model = tiny_model("super").eval()
+    hidden = []
+    model.transformer.ln_f.register_forward_hook(lambda module, args, out: hidden.append(out))
+    idx = random_tokens(2, 10)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        every, _ = model(idx, all_logits=True)
+        last, _ = model(idx)
+        with_targets, _ = model(idx, targets=idx)
+    assert every.dtype == last.dtype == torch.float32 and with_targets.dtype == torch.bfloat16
+    assert torch.equal(every, F.linear(hidden[0].float(), model.lm_head.weight))  # the first forward's
+    torch.testing.assert_close(last[:, 0], every[:, -1])  # one row or ten: float32's rounding may differ
+
+
+def test_sampling_float16_logits_at_a_small_temperature_is_greedy():
+    from generate import sample_next
+
+    logits = torch.tensor([[12.0, 11.5, -3.0, 5.0]], dtype=torch.float16)  # / 1e-4 overflows float16
+    assert [sample_next(logits, temperature=1e-4).item() for _ in range(5)] == [0] * 5
+
+
 @pytest.mark.parametrize("attention, options", SHAPES)
 def test_crop_block_size_keeps_short_sequences_unchanged(attention, options):
     model = tiny_model(attention, **options)
