@@ -11,8 +11,10 @@ under one budget, at one size or several, then write tables, a fit of loss again
 The budget (--match): 'iters' gives every run the config's max_iters; 'tokens', 'flops' and 'time'
 give every run the tokens, training FLOPs or wall-clock seconds the reference variant (--reference)
 spends in max_iters at that size, or the explicit --budget_tokens / --budget_flops / --budget_seconds,
-so a cheaper variant trains for more iterations. Each run's learning-rate schedule (warmup,
-lr_decay_iters, eval_interval) is stretched to its own iterations. 'time' measures each variant's
+so a cheaper variant trains for more iterations. Under every --match, each run's learning-rate
+schedule is stretched to its own iterations, so that its cosine ends where the run ends:
+lr_decay_iters = its iterations, warmup_iters and eval_interval scaled by iterations / max_iters
+(in the second example, train_gpt2.py's lr_decay_iters=600000 becomes 5000). 'time' measures each variant's
 step time with a short probe first: its iterations depend on the machine. docs/compare.md has the
 accounting (which FLOPs, which parameters) and the fit.
 
@@ -36,6 +38,8 @@ The results land in
 import argparse
 import json
 import math
+import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -97,6 +101,8 @@ def check_args(parser, args, train_overrides):
         parser.error("--seeds must be at least 1 and --probe_iters at least 2")
     if not Path(args.config).is_file():
         parser.error(f"config file {args.config} does not exist")
+    if args.launcher:
+        check_launcher(parser, args.launcher)
     args.budget = None
     for match, flag in BUDGET_FLAGS.items():
         value = getattr(args, flag)
@@ -121,6 +127,22 @@ def check_args(parser, args, train_overrides):
         if args.learning_rates and key in ("learning_rate", "min_lr"):
             parser.error(f"{override!r}: with --learning_rates, each run's learning_rate and min_lr are set from "
                          f"the list (min_lr at the config's ratio to learning_rate)")
+
+
+def check_launcher(parser, launcher):
+    """A --launcher that cannot be split as a shell would, or whose program is not found, is refused
+    before the plan, not at the first run's start."""
+    try:
+        words = shlex.split(launcher)
+    except ValueError as e:  # an unclosed quote
+        parser.error(f"--launcher={launcher}: {str(e).lower()}: quote it as a shell would, "
+                     f"e.g. --launcher=\"torchrun --standalone --nproc_per_node=8\"")
+    if not words:
+        parser.error("--launcher is blank: give a program, e.g. --launcher=\"torchrun --standalone "
+                     "--nproc_per_node=8\", or leave it out to run train.py with this python")
+    if shutil.which(words[0]) is None:
+        parser.error(f"--launcher={launcher}: {words[0]!r} is not a program on PATH: check its spelling, or give "
+                     f"its full path")
 
 
 def parse_learning_rates(parser, text):

@@ -138,14 +138,22 @@ def fit_loss_curve(C, L):
             "residuals": residuals.tolist(), "compute_range": [float(C.min()), float(C.max())]}
 
 
-def compute_for_loss(fit, loss):
-    """The compute at which the fitted curve reaches `loss`, or None outside the measured range (no
-    extrapolation), or where the loss does not fall with compute."""
-    if fit is None or loss <= fit["E"] or fit["alpha"] <= 0:
+def reach(fit, loss):
+    """Where the fitted curve reaches `loss`, without extrapolating: ("inside", the compute) within the
+    measured range; ("below", the smallest compute) where the curve is under `loss` already there;
+    ("beyond", the largest compute) where it gets there only past the largest, or never (loss <= E).
+    None where the loss does not fall with compute (no fit, or alpha <= 0)."""
+    if fit is None or fit["alpha"] <= 0:
         return None
-    C = (fit["A"] / (loss - fit["E"])) ** (1 / fit["alpha"])
     low, high = fit["compute_range"]
-    return C if low * (1 - 1e-9) <= C <= high * (1 + 1e-9) else None
+    if loss <= fit["E"]:
+        return "beyond", high
+    C = (fit["A"] / (loss - fit["E"])) ** (1 / fit["alpha"])
+    if C < low * (1 - 1e-9):
+        return "below", low
+    if C > high * (1 + 1e-9):
+        return "beyond", high
+    return "inside", C
 
 
 def variant_points(summaries, variant, labels, x_key, seed=None):
@@ -166,13 +174,18 @@ def fitted_loss_at_largest(fit):
 
 
 def compute_ratio(summaries, labels, variant, reference, target=None, seed=None):
-    """C_variant(target) / C_reference(target) from the fitted curves, or None when either is out of
-    range. No target: the reference's fitted loss at its largest size (of this seed's curve)."""
+    """C_variant(target) / C_reference(target) from the fitted curves, as (ratio, None) where both reach
+    the target inside their measured range; (None, bound) where the variant reaches it below its smallest
+    compute and the ratio is less than bound = that compute / the reference's; otherwise (None, None).
+    No target: the reference's fitted loss at its largest size (of this seed's curve)."""
     fits = [fit_loss_curve(*variant_points(summaries, v, labels, "training_flops", seed)[:2]) for v in (variant, reference)]
     if target is None and fits[1] is not None:
         target = fitted_loss_at_largest(fits[1])
-    needed = [compute_for_loss(fit, target) for fit in fits] if target is not None else [None]
-    return needed[0] / needed[1] if None not in needed else None
+    mine, theirs = (reach(fit, target) if target is not None else None for fit in fits)
+    if mine is None or theirs is None or theirs[0] != "inside" or mine[0] == "beyond":
+        return None, None
+    ratio = mine[1] / theirs[1]
+    return (ratio, None) if mine[0] == "inside" else (None, ratio)
 
 
 def analyse(summaries, labels, variants, reference, seeds, target=None):
@@ -191,12 +204,18 @@ def analyse(summaries, labels, variants, reference, seeds, target=None):
         target = float(reference_losses[-1]) if len(reference_losses) else None
     needs = {}
     for variant in variants:
-        compute = None if target is None else compute_for_loss(fits[variant], target)
-        needs[variant] = {"compute": compute, "ratio": None, "ratio_per_seed": []}
+        side, compute = (None if target is None else reach(fits[variant], target)) or (None, None)
+        # "ratio": the exact ratio; "ratio_below": a bound on it, where the variant reaches the target
+        # below its smallest compute ("ratio" < "ratio_below"); None where there is neither
+        needs[variant] = {"reached": side, "compute": compute if side == "inside" else None, "ratio": None,
+                          "ratio_below": None, "ratio_per_seed": [], "ratio_below_per_seed": []}
         if target is not None and reference in variants:
-            needs[variant]["ratio"] = compute_ratio(summaries, labels, variant, reference, target)
-            needs[variant]["ratio_per_seed"] = [compute_ratio(summaries, labels, variant, reference, per_seed_target,
-                                                              seed) for seed in range(seeds)]
+            needs[variant]["ratio"], needs[variant]["ratio_below"] = compute_ratio(summaries, labels, variant,
+                                                                                   reference, target)
+            per_seed = [compute_ratio(summaries, labels, variant, reference, per_seed_target, seed)
+                        for seed in range(seeds)]
+            needs[variant]["ratio_per_seed"] = [ratio for ratio, _ in per_seed]
+            needs[variant]["ratio_below_per_seed"] = [below for _, below in per_seed]
     return {"reference": reference, "target_loss": target, "fits": fits, "compute_for_target": needs,
             "no_fit": {v: why_no_fit(points[v][0]) for v in variants}}
 
@@ -224,19 +243,41 @@ def no_compute_reason(analysis, variant):
     return None
 
 
+BELOW_SMALLEST = "below smallest budget"  # the target reached before the smallest measured compute
+BEYOND_LARGEST = "out of range"  # the target reached only past the largest measured compute, or never
+
+
 def compute_cell(analysis, variant):
     need = analysis["compute_for_target"][variant]
     if need["compute"] is not None:
         return f"{need['compute']:.3g}"
-    return no_compute_reason(analysis, variant) or "out of range"
+    if need["reached"] == "below":  # its smallest size's compute bounds what it needs
+        smallest = analysis["fits"][variant]["compute_range"][0]
+        return f"{BELOW_SMALLEST} (< {smallest:.3g})"
+    return no_compute_reason(analysis, variant) or BEYOND_LARGEST
+
+
+def times(ratio):
+    return f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.2g}x"  # 0.0031x, not 0.00x
+
+
+def ratio_text(ratio, below):
+    if ratio is not None:
+        return times(ratio)
+    return f"< {times(below)}" if below is not None else BEYOND_LARGEST
 
 
 def ratio_cell(analysis, variant):
-    need = analysis["compute_for_target"][variant]
-    if need["ratio"] is None:
-        return no_compute_reason(analysis, variant) or no_compute_reason(analysis, analysis["reference"]) or "out of range"
-    seeds = [f"{r:.2f}x" if r is not None else "out of range" for r in need["ratio_per_seed"]]
-    return f"{need['ratio']:.2f}x" + (f" (per seed: {', '.join(seeds)})" if len(seeds) > 1 else "")
+    need, reference = analysis["compute_for_target"][variant], analysis["reference"]
+    if need["ratio"] is None and need["ratio_below"] is None:
+        reason = no_compute_reason(analysis, variant) or no_compute_reason(analysis, reference)
+        if not reason and analysis["compute_for_target"][reference]["reached"] != "inside":  # a target given
+            reason = f"n/a: {reference}'s curve reaches the target outside its measured range"
+        return reason or BEYOND_LARGEST
+    cell = ratio_text(need["ratio"], need["ratio_below"])
+    cell += f" ({BELOW_SMALLEST})" if need["ratio_below"] is not None else ""
+    seeds = [ratio_text(*pair) for pair in zip(need["ratio_per_seed"], need["ratio_below_per_seed"])]
+    return cell + (f" (per seed: {', '.join(seeds)})" if len(seeds) > 1 else "")
 
 
 def summary_table(summaries, labels, budgets, analysis, variants, n_seeds):

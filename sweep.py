@@ -48,7 +48,8 @@ class SweepError(ValueError):
 
 
 class RunFailed(RuntimeError):
-    """A train.py run exited with an error; its own output says why."""
+    """A train.py run exited with an error (its own output says why), or without training its whole plan
+    (the message says how to go on)."""
 
 
 class SweepInterrupted(RuntimeError):
@@ -142,12 +143,11 @@ def iterations_for_budget(budget, cost_per_iter, what):
     return iterations
 
 
-def scaled_schedule(c, iterations, match):
+def scaled_schedule(c, iterations):
     """max_iters, lr_decay_iters, warmup_iters and eval_interval for a run of `iterations` steps: the
-    config's schedule stretched by iterations / max_iters, so the cosine ends where the run ends
-    (with --match=iters, the config's own schedule, as it is)."""
-    if match == "iters":
-        return {key: c[key] for key in ("max_iters", "lr_decay_iters", "warmup_iters", "eval_interval")}
+    config's schedule stretched by iterations / max_iters, so that the cosine ends where the run ends.
+    --match=iters too (a factor of 1): a config's own lr_decay_iters may be far longer than the run
+    (train_gpt2.py's 600,000 under --max_iters=5000, which would never decay)."""
     factor = iterations / c["max_iters"]
     warmup = min(round(c["warmup_iters"] * factor), iterations - 1)
     return {"max_iters": iterations, "lr_decay_iters": iterations, "warmup_iters": warmup,
@@ -169,7 +169,7 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
     train_args = [config_file, *overrides, *(format_override(key, value) for key, value in settings.items())]
     record, summary = read_json(probe_dir / RECORD_NAME), read_json(probe_dir / SUMMARY_NAME)
     if not (record and record["launcher"] == launcher and same_plan(record["train_args"], train_args)
-            and summary and summary["stop_reason"] == "max_iters"):
+            and completed(summary, probe_iters)):
         shutil.rmtree(probe_dir, ignore_errors=True)
         probe_dir.mkdir(parents=True)
         with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
@@ -178,8 +178,11 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
             raise SweepInterrupted(forwarder.received)
         if code != 0:
             raise RunFailed(f"the timing probe of {variant} failed with exit code {code}; see {probe_dir / 'probe.log'}")
-        write_text_atomic(probe_dir / RECORD_NAME, json.dumps({"launcher": launcher, "train_args": train_args}))
         summary = read_json(probe_dir / SUMMARY_NAME)
+        if not completed(summary, probe_iters):  # its train.py stopped by a signal of its own
+            raise RunFailed(f"the timing probe of {variant} stopped before its {probe_iters} steps; see "
+                            f"{probe_dir / 'probe.log'}, and rerun the same command to probe again")
+        write_text_atomic(probe_dir / RECORD_NAME, json.dumps({"launcher": launcher, "train_args": train_args}))
     return summary["mean_ms_per_iter"] / 1000
 
 
@@ -227,16 +230,16 @@ def plan_size(args, overrides, shape, out_dir):
     shape_args = [format_override(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
     c = resolved_config(args.config, overrides + shape_args)
     label = size_label(tuple(c[k] for k in SHAPE_KEYS))
-    if args.match != "iters" and c["max_iters"] < 1:
-        raise SweepError(f"--match={args.match} stretches the config's schedule by each run's iterations / max_iters: "
-                         f"max_iters must be at least 1 (it is {c['max_iters']})")
+    if c["max_iters"] < 1:
+        raise SweepError(f"each run's schedule is the config's stretched by its iterations / max_iters: max_iters "
+                         f"must be at least 1 (it is {c['max_iters']}): set --max_iters")
     costs = variant_costs(args, overrides + shape_args, c, label, out_dir)
     budget = args.budget or costs[args.reference][1] * c["max_iters"]
     runs = {}
     for variant in args.variants:
         iterations = (c["max_iters"] if args.match == "iters"
                       else iterations_for_budget(budget, costs[variant][1], f"{variant} at {label}"))
-        schedule = scaled_schedule(c, iterations, args.match)
+        schedule = scaled_schedule(c, iterations)
         for lr, seed in ((lr, seed) for lr in args.learning_rates or [None] for seed in range(args.seeds)):
             run_dir = (out_dir / label if shape else out_dir) / run_name(variant, lr, seed)
             settings = dict(attention=variant, seed=seed, out_dir=str(run_dir), **schedule,
@@ -340,12 +343,21 @@ def run_status(run):
     if not same_plan(record["train_args"], run.train_args):
         raise SweepError(f"{run.run_dir} holds a run planned with other settings (its {RECORD_NAME} differs): "
                          f"rerun the command that made it, or choose another --out_dir")
-    summary = read_json(run.run_dir / SUMMARY_NAME)
-    if summary and summary["stop_reason"] == "max_iters" and summary["iterations"] == run.iterations:
+    if finished(run, read_json(run.run_dir / SUMMARY_NAME)):
         return "done"
-    if summary and diverged_in_a_learning_rate_sweep(run, summary):
-        return "done"  # training it again would diverge again
     return "resume" if (run.run_dir / CHECKPOINT_NAME).exists() else "new"
+
+
+def completed(summary, iterations):
+    """Whether a train.py summary is that of a run that trained all its planned iterations."""
+    return summary is not None and summary["stop_reason"] == "max_iters" and summary["iterations"] == iterations
+
+
+def finished(run, summary):
+    """Whether a planned run is over: trained to its end, or diverged in a learning-rate sweep (training
+    it again would diverge again)."""
+    return completed(summary, run.iterations) or (summary is not None
+                                                  and diverged_in_a_learning_rate_sweep(run, summary))
 
 
 def diverged_in_a_learning_rate_sweep(run, summary):
@@ -363,8 +375,15 @@ def record_run(run, segments):
     write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "segments": segments}))
 
 
+def file_version(path):
+    """What tells one writing of a file from another (write_text_atomic replaces it: a new inode)."""
+    stat = path.stat() if path.is_file() else None
+    return stat and (stat.st_ino, stat.st_mtime_ns)
+
+
 def train_once(run, status, launcher, forwarder):
-    """Train (or resume) one planned run; returns its summary."""
+    """Train (or resume) one planned run; returns its summary, which check_finished has found to be that
+    of the whole run."""
     record = read_json(run.run_dir / RECORD_NAME) if status == "resume" else None
     segments = record.get("segments", []) if record else []
     run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -372,8 +391,11 @@ def train_once(run, status, launcher, forwarder):
     args = run.train_args + (["--init_from=resume"] if status == "resume" else [])
     command = train_command(launcher, args)
     print(shell_join(command), flush=True)
+    written_before = file_version(run.run_dir / SUMMARY_NAME)
     code = forwarder.run(command)
-    summary = read_json(run.run_dir / SUMMARY_NAME)
+    # an earlier segment's summary is none of this process's: it wrote none ("nothing to train")
+    fresh = file_version(run.run_dir / SUMMARY_NAME) not in (None, written_before)
+    summary = read_json(run.run_dir / SUMMARY_NAME) if fresh else None
     diverged = summary is not None and diverged_in_a_learning_rate_sweep(run, summary)
     if summary is not None and (code == 0 or diverged):
         record_run(run, segments + [{key: summary[key] for key in SEGMENT_KEYS}])
@@ -384,7 +406,24 @@ def train_once(run, status, launcher, forwarder):
     elif code != 0:
         raise RunFailed(f"training {run.describe()}, failed with exit code {code}; "
                         f"its output is above, its files in {run.run_dir}")
+    else:
+        check_finished(run, summary)
     return summary
+
+
+def check_finished(run, summary):
+    """A train.py that exited cleanly without finishing its run (a SIGINT/SIGTERM sent to it alone, which
+    compare.py does not see; or a resume of a checkpoint at the end whose summary.json was lost: "nothing
+    to train") is an error, not a run to tabulate. `summary`: the one this train.py wrote, or None."""
+    if summary is None:
+        raise RunFailed(f"{run.describe()}: train.py exited without writing {run.run_dir / SUMMARY_NAME} (as when "
+                        f"its checkpoint is at the run's end but the summary was lost, e.g. to a kill between the "
+                        f"two; its output is above): delete {run.run_dir} and rerun the same command to train it again")
+    if not finished(run, summary):
+        raise RunFailed(f"{run.describe()} stopped at iteration {summary['iterations']:,} of {run.iterations:,} (its "
+                        f"{SUMMARY_NAME} says stop_reason {summary['stop_reason']!r}, e.g. a signal sent to its "
+                        f"train.py alone): rerun the same command to resume it, or delete {run.run_dir} to train it "
+                        f"again")
 
 
 def over_segments(summary, segments):

@@ -4,9 +4,11 @@ the fit of loss against compute, the tables and the optional plots."""
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import shlex
+import shutil
 import sys
 
 import numpy as np
@@ -183,6 +185,19 @@ def test_token_budget_and_the_iterations_default(tiny_run):
     assert [r.iterations for r in runs] == [7] and runs[0].run_dir == out_dir / "efficient-seed0"
 
 
+def test_iteration_matched_runs_decay_over_their_own_iterations(tiny_run):
+    """config/train_gpt2.py --max_iters=5000 keeps the config's lr_decay_iters=600000: the cosine must end
+    where the run ends, as in every other budget, and warmup and evaluation must fall inside the run."""
+    config, out_dir = tiny_run
+    runs, _ = plan(config, out_dir, "--variants=standard,efficient", "--max_iters=5", "--lr_decay_iters=600",
+                   "--warmup_iters=20", "--eval_interval=100")
+    for run in runs:
+        assert run.iterations == 5
+        assert run.schedule == {"max_iters": 5, "lr_decay_iters": 5, "warmup_iters": 4, "eval_interval": 5}
+        c = configurator.resolve_config(configurator.get_config(run.train_args))
+        assert (c["max_iters"], c["lr_decay_iters"], c["warmup_iters"]) == (5, 5, 4)  # what train.py is given
+
+
 def test_a_budget_stopped_run_ends_on_its_schedules_final_learning_rate(tiny_run):
     config, out_dir = tiny_run
     assert compare.main([str(config), "--variants=efficient", "--match=flops", "--max_iters=20",
@@ -283,6 +298,9 @@ def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
     (["--learning_rates=1e-3,1e-3"], "each must be a positive number, listed once"),
     (["--learning_rates=1e-3,1.0000001e-3"], "equal to 6 significant digits"),  # would share a run folder
     (["--learning_rates=1e-3", "--min_lr=1e-5"], "each run's learning_rate and min_lr are set from the list"),
+    (["--launcher=torchrunn --standalone"], "'torchrunn' is not a program on PATH"),  # found before the plan
+    ([f"--launcher={sys.executable} 'x"], "no closing quotation: quote it as a shell would"),
+    (["--launcher= "], "--launcher is blank"),
 ])
 def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, message, capsys):
     config, out_dir = tiny_run
@@ -307,6 +325,7 @@ def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run
 
 @pytest.mark.parametrize("argv, message", [
     (["--match=flops", "--max_iters=0"], "max_iters must be at least 1"),
+    (["--max_iters=0"], "max_iters must be at least 1"),  # --match=iters stretches the schedule too, by 1
     (["--match=tokens", "--budget_tokens=10"], "is less than half an iteration of"),  # an iteration is 64 tokens
 ])
 def test_a_budget_that_cannot_be_planned_is_one_error_line(tiny_run, argv, message, capsys):
@@ -377,9 +396,12 @@ def test_the_fit_recovers_a_saturating_power_law():
     assert fit["law"] == "E + A*C^-alpha"
     assert fit["E"] == pytest.approx(1.3, rel=1e-4) and fit["alpha"] == pytest.approx(0.12, rel=1e-3)
     assert fit["A"] == pytest.approx(40.0, rel=1e-2) and max(map(abs, fit["residuals"])) < 1e-6
-    target = 1.3 + 40.0 * 3e12 ** -0.12
-    assert frontier.compute_for_loss(fit, target) == pytest.approx(3e12, rel=1e-3)
-    assert frontier.compute_for_loss(fit, 1.3 + 40.0 * 1e15 ** -0.12) is None  # beyond the largest size: no extrapolation
+    side, compute = frontier.reach(fit, 1.3 + 40.0 * 3e12 ** -0.12)
+    assert side == "inside" and compute == pytest.approx(3e12, rel=1e-3)
+    # no extrapolation either way: bounded by the largest size's compute, or by the smallest's
+    assert frontier.reach(fit, 1.3 + 40.0 * 1e15 ** -0.12) == ("beyond", pytest.approx(1e14))
+    assert frontier.reach(fit, 1.2) == ("beyond", pytest.approx(1e14))  # under E: never reached
+    assert frontier.reach(fit, 1.3 + 40.0 * 1e9 ** -0.12) == ("below", pytest.approx(1e10))
 
 
 def test_three_sizes_fit_the_plain_power_law_and_fewer_none():
@@ -390,13 +412,17 @@ def test_three_sizes_fit_the_plain_power_law_and_fewer_none():
     assert frontier.fit_loss_curve(C[:2], 25.0 * C[:2] ** -0.1) is None
 
 
+COMPUTE_NEEDED = {"efficient": 1.5, "super": 1e-4}  # of standard's, for the same loss; the others 1
+
+
 def synthetic_summaries(variants, seeds=2):
-    """Runs of four sizes whose losses follow known curves: efficient needs exactly 1.5x standard's compute."""
+    """Runs of four sizes whose losses follow known curves: efficient needs exactly 1.5x standard's compute,
+    super 1e-4x (so much less that its smallest size is below standard's largest-size loss already)."""
     rows = []
     for size, C in zip(("s", "m", "l", "xl"), (1e10, 1e11, 1e12, 1e13)):
         for seed in range(seeds):
             for variant in variants:
-                compute = C / (1.5 if variant == "efficient" else 1.0)
+                compute = C / COMPUTE_NEEDED.get(variant, 1.0)
                 rows.append(dict(attention=variant, size=size, seed=seed, training_flops=C, n_params=C / 1e6,
                                  wall_time_s=C / 1e9, final_val_loss=1.0 + 30.0 * compute ** -0.1))
     return rows, {size: C for size, C in zip(("s", "m", "l", "xl"), (1e10, 1e11, 1e12, 1e13))}
@@ -412,6 +438,25 @@ def test_compute_ratio_for_the_reference_loss_at_the_largest_size():
     analysis = frontier.analyse(rows, list(budgets), ["standard", "efficient"], "standard", 2, target=1.0 + 30 * 5e11 ** -0.1)
     assert analysis["compute_for_target"]["efficient"]["ratio"] == pytest.approx(1.5, rel=1e-3)
     assert analysis["compute_for_target"]["efficient"]["ratio_per_seed"] == pytest.approx([1.5, 1.5], rel=1e-3)
+
+
+def test_a_variant_better_than_the_measured_range_is_not_out_of_range(tmp_path):
+    """'out of range' means the target needs more than the largest budget: a variant already below it at its
+    smallest size is the opposite, and says so, with the bound the smallest size gives."""
+    variants = ["standard", "efficient", "super"]
+    rows, budgets = synthetic_summaries(variants)
+    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, variants=variants, reference="standard",
+                                     seeds=2, extra={})
+    row = {line.split(" | ")[0][2:]: line for line in markdown.split("## Summary")[1].splitlines()
+           if line.startswith("| ")}
+    assert row["super"].endswith("| below smallest budget (< 1e+10) | < 0.001x (below smallest budget) "
+                                 "(per seed: < 0.001x, < 0.001x) |")
+    assert row["efficient"].endswith("| out of range | out of range |")
+    assert row["standard"].endswith("| 1e+13 | 1.00x (per seed: 1.00x, 1.00x) |")
+    need = json.loads((tmp_path / "results.json").read_text())["analysis"]["compute_for_target"]
+    assert need["super"]["reached"] == "below" and need["super"]["compute"] is None
+    assert need["super"]["ratio"] is None and need["super"]["ratio_below"] == pytest.approx(1e10 / 1e13)
+    assert need["efficient"]["reached"] == "beyond" and need["efficient"]["ratio_below"] is None
 
 
 def one_seed_report(out_dir, budgets, rows, variants):
@@ -564,6 +609,72 @@ def test_a_run_folder_the_sweep_did_not_plan_is_never_overwritten(tiny_run, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "that this sweep did not plan" in err[0] and str(theirs) in err[0]
     assert {path: path.read_bytes() for path in theirs.iterdir()} == files
+
+
+def stopping_launcher(folder, at_iter=3):
+    """A --launcher that runs train.py in its own process and sends that process a SIGTERM at iteration
+    `at_iter`, as a `kill -TERM <pid of train.py>` would: compare.py does not see it, and train.py saves a
+    checkpoint and exits with status 0."""
+    wrapper = folder / "stopping_launcher.py"
+    wrapper.write_text("import os, signal, sys\n"
+                       "sys.path.insert(0, os.path.dirname(sys.argv[1]))\n"
+                       "import train\n"
+                       "get_lr = train.get_lr\n"
+                       "def get_lr_and_stop(it, c):  # called before every step\n"
+                       f"    if it == {at_iter}:\n"
+                       "        os.kill(os.getpid(), signal.SIGTERM)\n"
+                       "    return get_lr(it, c)\n"
+                       "train.get_lr = get_lr_and_stop\n"
+                       "sys.exit(train.main(sys.argv[2:]))\n")
+    return f"--launcher={shlex.quote(sys.executable)} {shlex.quote(str(wrapper))}"
+
+
+def test_a_run_whose_train_py_alone_was_stopped_is_an_error_and_resumes_on_rerun(tiny_run, capsys):
+    config, out_dir = tiny_run
+    argv = [str(config), "--variants=efficient", "--max_iters=20", f"--out_dir={out_dir}"]
+    assert compare.main([*argv, stopping_launcher(config.parent)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.fullmatch(r"error: efficient at 1x2x16, seed 0 stopped at iteration \d of 20 \(its "
+                                          r"summary.json says stop_reason 'SIGTERM', .*\): rerun the same command to "
+                                          r"resume it, or delete \S+efficient-seed0 to train it again", err[0]), err
+    assert not (out_dir / "results.md").exists()  # a partial run is no result
+    assert compare.main(argv) == 0
+    assert "(resuming)" in capsys.readouterr().out
+    summary = json.loads((out_dir / "efficient-seed0" / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_iters" and summary["iterations"] == 20
+    segments = json.loads((out_dir / "efficient-seed0" / sweep.RECORD_NAME).read_text())["segments"]
+    assert sum(segment["iterations_this_run"] for segment in segments) == 20  # the stopped segment counted once
+
+
+@pytest.mark.parametrize("summary", [None, {"stop_reason": "SIGTERM", "iterations": 1}])
+def test_a_finished_checkpoint_whose_summary_was_lost_is_an_error_until_its_folder_is_deleted(tiny_run, capsys,
+                                                                                             summary):
+    """Killed between the final checkpoint and summary.json (None), or between those of a resumed run (the
+    stopped segment's summary is left): train.py resumes with 'nothing to train' and writes none."""
+    config, out_dir = tiny_run
+    argv = [str(config), "--variants=efficient", "--max_iters=2", f"--out_dir={out_dir}"]
+    assert compare.main(argv) == 0
+    path = out_dir / "efficient-seed0" / "summary.json"
+    if summary is None:
+        path.unlink()
+    else:
+        path.write_text(json.dumps(json.loads(path.read_text()) | summary))
+    for _ in range(2):  # a rerun cannot mend it
+        assert compare.main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: efficient at 1x2x16, seed 0: train.py exited without "
+                                                   f"writing {path}") and f"delete {path.parent} and rerun" in err[0]
+    shutil.rmtree(path.parent)
+    assert compare.main(argv) == 0 and json.loads(path.read_text())["stop_reason"] == "max_iters"
+
+
+def test_a_timing_probe_whose_train_py_alone_was_stopped_is_an_error(tiny_run, capsys):
+    config, out_dir = tiny_run
+    assert compare.main([str(config), "--variants=efficient", "--reference=efficient", "--match=time",
+                         "--probe_iters=10", f"--out_dir={out_dir}", stopping_launcher(config.parent)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error: the timing probe of efficient stopped before its 10 steps" in err[0]
+    assert not (out_dir / "probes" / "1x2x16" / "efficient" / sweep.RECORD_NAME).exists()  # probed again on rerun
 
 
 def test_a_resumed_runs_speed_and_memory_cover_every_segment():
