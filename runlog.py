@@ -71,11 +71,20 @@ def trim_log(path, last_iter):
     return dropped
 
 
+def read_summary(out_dir):
+    """out_dir's summary.json, or None where there is none (or only a torn one)."""
+    try:
+        return json.loads((Path(out_dir) / SUMMARY_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def write_summary(run):
     timed = run.step_times[1:] or run.step_times  # the first step pays for warm-up / compile
     mean_dt = sum(timed) / len(timed) if timed else None
     model = run.raw_model.eval()
     summary = {
+        "run_id": run.run_id,
         "attention": run.model_args["attention"],
         "model_args": run.model_args,
         "n_params": model.get_num_params(non_embedding=False),

@@ -27,10 +27,10 @@ Under FSDP, ckpt.pt holds the gathered model without optimizer or rng, and the r
 folder ckpt_sharded/ (every rank writes its shards; distributed.py).
 """
 
-import json
 import math
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,13 +38,13 @@ import torch
 import torch.distributed as dist
 
 import distributed
-from checkpoint import (CHECKPOINT_NAME, SUMMARY_NAME, CheckpointError, check_out_dir_free, first_non_finite,
+from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, first_non_finite,
                         load_resume_checkpoint, load_weights, resume_hint, save_checkpoint)
 from configurator import DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config
 from data import Batches, DataError, check_data, choose_vocab_size, config_data_dir
 from launcher import LaunchError, launch, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig
-from runlog import RunLog, trim_log, write_summary
+from runlog import RunLog, read_summary, trim_log, write_summary
 from runtime import CpuThreads, StopSignals, autocast_context, peak_flops, resolve_device, resolve_dtype
 
 
@@ -74,6 +74,7 @@ class Run:
     last_losses: dict = field(default_factory=lambda: {"train": None, "val": None})
     step_times: list = field(default_factory=list)
     stop_reason: str = "max_iters"
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # kept across resumes: ties a summary to its checkpoint
     # built by build_run
     model: object = None  # what trains: compiled, DDP- or FSDP-wrapped
     raw_model: object = None  # the GPT itself (sharded in place under FSDP): state dicts, FLOPs
@@ -151,9 +152,7 @@ def train(config, verbose=True):
         if isinstance(e, CheckpointError):
             check_out_dir_free(out_dir)  # a live run mid-save, or before its first checkpoint, is the real cause
         raise type(e)(f"{e}{resume_hint(out_dir, c)}") from None
-    # a run stopped by a signal in its last iteration has trained it all but still owes its final evaluation
-    finished = checkpoint is not None and checkpoint["iter_num"] >= c["max_iters"] and checkpoint.get("evaluated", True)
-    if finished and not c["eval_only"]:
+    if checkpoint is not None and has_finished(checkpoint, out_dir, c) and not c["eval_only"]:
         return nothing_to_train(out_dir, checkpoint["iter_num"], c, verbose and rank == 0)
 
     run = Run(c=c, out_dir=out_dir, data_dir=data_dir, meta=meta, model_args=model_args, device=device, dtype=dtype,
@@ -198,13 +197,23 @@ def choose_device(c, ddp, local_rank):
     return device, resolve_dtype(c["dtype"], device)
 
 
+def has_finished(checkpoint, out_dir, c):
+    """Whether the run that wrote the checkpoint has trained to max_iters and evaluated there (a signal in
+    its last iteration leaves that evaluation owed). With always_save_checkpoint=False its checkpoint
+    may be an earlier, better iteration: then its own summary.json says that it reached the end."""
+    if checkpoint["iter_num"] >= c["max_iters"]:
+        return checkpoint.get("evaluated", True)
+    summary = read_summary(out_dir)
+    return (summary is not None and summary.get("run_id") == checkpoint.get("run_id") is not None
+            and summary["stop_reason"] == "max_iters" and summary["iterations"] >= c["max_iters"])
+
+
 def nothing_to_train(out_dir, iter_num, c, say):
     """A resume of a finished run: say so, change nothing, and return the run's summary."""
     if say:
-        print(f"nothing to train: the checkpoint in {out_dir} is at iteration {iter_num} and max_iters="
-              f"{c['max_iters']}; raise max_iters (and lr_decay_iters with it) to train on", flush=True)
-    path = out_dir / SUMMARY_NAME
-    return json.loads(path.read_text()) if path.is_file() else {"iterations": iter_num}
+        print(f"nothing to train: the run in {out_dir} has reached max_iters={c['max_iters']} (its checkpoint is "
+              f"at iteration {iter_num}); raise max_iters (and lr_decay_iters with it) to train on", flush=True)
+    return read_summary(out_dir) or {"iterations": iter_num}
 
 
 def announce(run, n_tokens):
@@ -299,6 +308,7 @@ def build_optimizer(run, checkpoint):
 
 def restore(run, checkpoint):
     run.iter_num, run.best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+    run.run_id = checkpoint.get("run_id", run.run_id)
     # checkpoints from before the flag were taken as evaluated, as they were then
     run.evaluated_at_start = checkpoint.get("evaluated", True)
     rng, rank = checkpoint["rng"], run.rank
@@ -524,7 +534,7 @@ def save(run, reason, evaluated):
     if not run.master:
         return
     ckpt = {"model_args": run.model_args, **state, "iter_num": run.iter_num, "evaluated": evaluated,
-            "best_val_loss": run.best_val_loss, "config": dict(run.c), "rng": rng, "meta": run.meta}
+            "run_id": run.run_id, "best_val_loss": run.best_val_loss, "config": dict(run.c), "rng": rng, "meta": run.meta}
     if run.scaler.is_enabled():
         ckpt["scaler"] = run.scaler.state_dict()
     t = time.time()

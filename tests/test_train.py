@@ -363,15 +363,25 @@ def test_resume_without_the_config_names_the_overrides_the_checkpoint_was_traine
     assert f"--data_dir={str(data_dir)!r}" in err and "--n_layer=1" in err and "--n_embd=32" in err
 
 
-def test_resuming_a_finished_run_says_there_is_nothing_to_train_and_changes_nothing(tmp_path, data_dir, capsys):
-    cfg = tiny(tmp_path, data_dir, max_iters=4)
+@pytest.mark.parametrize("best_is_last", [True, False])
+def test_resuming_a_finished_run_says_there_is_nothing_to_train_and_changes_nothing(tmp_path, data_dir, capsys,
+                                                                                    monkeypatch, best_is_last):
+    """Also where always_save_checkpoint=False kept an earlier, better checkpoint than the last iteration's."""
+    cfg = tiny(tmp_path, data_dir, max_iters=8, eval_interval=4, always_save_checkpoint=False)
+    val_losses = iter([3.0, 2.0, 1.0 if best_is_last else 2.5])  # at iterations 0, 4, 8
+    monkeypatch.setattr(T, "estimate_loss", lambda run: {"train": 3.0, "val": next(val_losses)})
     T.train(cfg, verbose=False)
+    monkeypatch.undo()
     out = tmp_path / "out"
+    assert load_checkpoint(out)["iter_num"] == (8 if best_is_last else 4)
     before = {name: (out / name).read_bytes() for name in (CHECKPOINT_NAME, "summary.json", "log.jsonl")}
     summary = T.train({**cfg, "init_from": "resume"})
-    assert "nothing to train: the checkpoint in" in capsys.readouterr().out
-    assert summary["iterations"] == 4 and summary["final_val_loss"] is not None
+    assert "nothing to train: the run in" in capsys.readouterr().out
+    assert summary["iterations"] == 8 and summary["final_val_loss"] is not None
     assert {name: (out / name).read_bytes() for name in before} == before
+    (out / "summary.json").write_text(json.dumps({**summary, "run_id": "another run's"}))
+    if not best_is_last:  # a summary that is not the checkpoint's own says nothing of it: train on from 4
+        assert T.train({**cfg, "init_from": "resume"}, verbose=False)["iterations_this_run"] == 4
 
 
 @pytest.mark.parametrize("init_from", ["resume", "scratch"])
