@@ -9,6 +9,7 @@ refilled from the new window: cached generation gives exactly the uncached token
 import contextlib
 import functools
 import math
+import numbers
 import weakref
 
 import torch
@@ -20,7 +21,7 @@ def check_sampling(temperature=1.0, top_k=None, max_new_tokens=0, use_kv_cache=T
     """A ValueError saying which sampling argument is wrong and how to fix it; sample.py relies on it too."""
     if not (temperature > 0 and math.isfinite(temperature)):  # nan and inf too: no distribution to sample
         raise ValueError(f"temperature={temperature} must be a positive number (use top_k=1 for greedy decoding)")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
         raise ValueError(f"top_k={top_k} must be at least 1, or None (on the command line 0) for no cut")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 0")
@@ -39,7 +40,7 @@ def sample_next(logits, temperature=1.0, top_k=None):
     """One token per row (B, 1) from the last position's logits (B, vocab)."""
     logits = logits.float() / temperature  # float16 logits over a small temperature would overflow to inf
     if top_k is not None:
-        kth_largest = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        kth_largest = torch.topk(logits, min(int(top_k), logits.size(-1))).values[:, -1:]
         # a slice and torch.where, not a list index or boolean indexing: no host-device sync on the GPU
         logits = torch.where(logits < kth_largest, float("-inf"), logits)
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)

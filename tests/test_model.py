@@ -337,12 +337,20 @@ def test_compiled_generation_equals_eager(attention, options):
     (dict(temperature=float("inf")), "temperature=inf must be a positive number"),
     (dict(top_k=0), "top_k=0 must be at least 1"),
     (dict(top_k=2.5), "top_k=2.5 must be"),
+    (dict(top_k=True), "top_k=True must be"),
     (dict(max_new_tokens=-1), "max_new_tokens=-1"),
     (dict(use_kv_cache=False, compile=True), "use_kv_cache=True"),
 ])
 def test_generate_rejects_bad_sampling_arguments(arguments, match):
     with pytest.raises(ValueError, match=match):
         tiny_model("efficient").generate(random_tokens(1, 3), **{"max_new_tokens": 2, **arguments})
+
+
+def test_top_k_may_be_any_integer_type():
+    import numpy as np
+
+    model, prompt = tiny_model("efficient"), random_tokens(1, 3)
+    assert torch.equal(model.generate(prompt, 4, top_k=np.int64(1)), model.generate(prompt, 4, top_k=1))
 
 
 @pytest.mark.parametrize("prompt", [torch.tensor([1, 2, 3]), torch.zeros(1, 0, dtype=torch.long), torch.ones(1, 3)])
