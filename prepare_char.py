@@ -162,6 +162,8 @@ def main(argv=None):
 
 def prepare_from_args(args):
     """Read or download the text the arguments name and prepare it; return (meta, out_dir)."""
+    if args.input and args.corpus == "stdlib":  # which corpus, and which default out_dir, would be a guess
+        raise PrepareError(f"--input={args.input} and --corpus=stdlib name two texts: give one of them")
     if args.input:
         text = read_text_file(args.input)
         source = f"file:{Path(args.input).name}"
