@@ -28,7 +28,7 @@ OUT_DIR/[SIZE/]<variant>[-lr<rate>]-seed<k>/. Rerunning the same command skips f
 resumes an interrupted one from its checkpoint; Ctrl-C stops the sweep after the running train.py
 has saved.
 The results land in
-    OUT_DIR/results.md    a table per size (ranking in parentheses), then the summary and the fit
+    OUT_DIR/results.md    a table per size (ranking in parentheses, ties marked), then the summary and the fit
     OUT_DIR/results.json  the plan, every run's numbers, means and standard deviations, the fit
     OUT_DIR/loss.png      train and val loss against iterations and wall-clock (largest size, seed 0)
     OUT_DIR/frontier.png  val loss against training FLOPs, parameters and wall-clock; fit residuals

@@ -1,8 +1,9 @@
 """
 What compare.py reports of a finished sweep (sweep.py): a table per size (mean ± std over seeds,
-ranks in parentheses), each variant at its best learning rate where several were tried, the fit of
-val loss against training compute per variant over sizes and the compute each needs for a target
-loss, the plots of the frontier, and results.md / results.json. docs/compare.md has the method.
+ranks in parentheses, ties marked), each variant at its best learning rate where several were tried,
+the fit of val loss against training compute per variant over sizes (with alpha's range over seeds)
+and the compute each needs for a target loss, the plots of the frontier, and results.md /
+results.json. docs/compare.md has the method.
 
 Parameters are the total count (embeddings included, the tied head once), as the FLOP count
 includes the output head.
@@ -18,6 +19,9 @@ from atomic import write_text_atomic
 from sweep import read_log
 
 MIN_COMPUTE_SPAN = 1.25  # a fit of loss on compute needs sizes whose training FLOPs differ by more than this factor
+# A floor E closer than this fraction of the smallest loss to either end of its search, 0 or that loss, is at its
+# bound: the points do not place it, and alpha trades off with it (0.02 at a loss of 2, about two seed spreads)
+FLOOR_BOUND_MARGIN = 0.01
 
 
 # -----------------------------------------------------------------------------
@@ -63,6 +67,35 @@ def rankings(results, key, better):
     return {v: ordered.index(m) + 1 for v, m in means.items()}
 
 
+def is_tie(a, b):
+    """Whether two means over seeds differ by less than 2 standard errors of their difference, so
+    that the seeds cannot order them. Never where either has one run: its spread is unknown."""
+    if min(len(a["runs"]), len(b["runs"])) < 2:
+        return False
+    standard_error = math.sqrt(a["std"] ** 2 / len(a["runs"]) + b["std"] ** 2 / len(b["runs"]))
+    return abs(a["mean"] - b["mean"]) < 2 * standard_error
+
+
+def rank_marks(results, key, better):
+    """Each variant's rank as shown: '2', or '2=' where it ties with a variant ranked just above it. A
+    chain 1, 2=, 3= says each is level with its neighbour, which need not make the first and last level."""
+    ranks = rankings(results, key, better)
+    marks = {}
+    for variant, rank in ranks.items():
+        tied = any(is_tie(results[variant][key], results[v][key]) for v, r in ranks.items() if r == rank - 1)
+        marks[variant] = f"{rank}=" if tied else f"{rank}"
+    return marks
+
+
+def rank_note(n_seeds):
+    """The line under each table that says how to read its ranks."""
+    if n_seeds < 2:
+        return ("One seed: the ranks order single runs; with no spread over seeds to compare a difference "
+                "with, ties cannot be told.")
+    return ("(2=): tied with the variant ranked just above it: their means differ by less than 2 standard errors "
+            "of the difference, √(sd₁²/n₁ + sd₂²/n₂) over seeds.")
+
+
 def loss_stats(losses):
     return {"mean": statistics.fmean(losses), "std": statistics.stdev(losses) if len(losses) > 1 else 0.0}
 
@@ -73,9 +106,9 @@ def mean_cell(stats, fmt, n_seeds):
 
 
 def markdown_table(results, n_seeds):
-    """One row per variant (mean ± std over seeds), each ranked column's rank in parentheses."""
+    """One row per variant (mean ± std over seeds), each ranked column's rank in parentheses (2= a tie)."""
     columns = [c for c in COLUMNS if any(c[1] in r for r in results.values())]
-    ranks = {key: rankings(results, key, better) for _, key, better, _ in columns if better}
+    ranks = {key: rank_marks(results, key, better) for _, key, better, _ in columns if better}
     lines = ["| attention | " + " | ".join(title for title, *_ in columns) + " |", "|---|" + "---:|" * len(columns)]
     for variant, row in results.items():
         cells = [mean_cell(row[key], fmt, n_seeds) + (f" ({ranks[key][variant]})" if better else "")
@@ -125,6 +158,15 @@ def why_no_fit(C):
     return None
 
 
+def floor_bound(E, L):
+    """Which end of fit_floor's search [0, min L) the fitted E sits at: "0", "smallest loss", or None
+    where it lies inside, placed by the data."""
+    margin = FLOOR_BOUND_MARGIN * float(L.min())
+    if E < margin:
+        return "0"
+    return "smallest loss" if E > float(L.min()) - margin else None
+
+
 def fit_loss_curve(C, L):
     """Saturating power law L = E + A C^-alpha from 4 points on, the plain power law (E = 0) from 3;
     None where why_no_fit says why not. C and L are per-size values of one variant."""
@@ -135,6 +177,7 @@ def fit_loss_curve(C, L):
     A, alpha = fit_power_law(C, L, E)
     residuals = L - (E + A * C ** -alpha)
     return {"law": "E + A*C^-alpha" if len(C) >= 4 else "A*C^-alpha", "E": E, "A": A, "alpha": alpha,
+            "E_at_bound": floor_bound(E, L) if len(C) >= 4 else None,  # the plain law sets E = 0, not a search
             "residuals": residuals.tolist(), "compute_range": [float(C.min()), float(C.max())]}
 
 
@@ -167,6 +210,14 @@ def variant_points(summaries, variant, labels, x_key, seed=None):
             points.append((statistics.fmean(r[x_key] for r in rows), statistics.fmean(losses),
                            statistics.stdev(losses) if len(losses) > 1 else 0.0))
     return tuple(np.array(column) for column in zip(*points)) if points else (np.array([]),) * 3
+
+
+def alphas_per_seed(summaries, labels, variant, seeds):
+    """Alpha of each seed's own fit, None where that seed has none: with 3-5 points the fit of the mean
+    is fragile, and their range is its interval."""
+    fits = [fit_loss_curve(*variant_points(summaries, variant, labels, "training_flops", seed)[:2])
+            for seed in range(seeds)]
+    return [None if fit is None else fit["alpha"] for fit in fits]
 
 
 def fitted_loss_at_largest(fit):
@@ -216,8 +267,16 @@ def analyse(summaries, labels, variants, reference, seeds, target=None):
                         for seed in range(seeds)]
             needs[variant]["ratio_per_seed"] = [ratio for ratio, _ in per_seed]
             needs[variant]["ratio_below_per_seed"] = [below for _, below in per_seed]
+    alphas = {v: alphas_per_seed(summaries, labels, v, seeds) if fits[v] and seeds > 1 else [] for v in variants}
     return {"reference": reference, "target_loss": target, "fits": fits, "compute_for_target": needs,
-            "no_fit": {v: why_no_fit(points[v][0]) for v in variants}}
+            "no_fit": {v: why_no_fit(points[v][0]) for v in variants}, "alpha_per_seed": alphas,
+            "alpha_range": {v: alpha_range(alphas[v]) for v in variants}}
+
+
+def alpha_range(alphas):
+    """[lowest, highest] of the seeds' alphas, where 2 or more seeds have a fit; else None."""
+    known = [alpha for alpha in alphas if alpha is not None]
+    return [min(known), max(known)] if len(known) > 1 else None
 
 
 def fit_cell(analysis, variant):
@@ -225,9 +284,24 @@ def fit_cell(analysis, variant):
     if fit is None:
         return f"no fit ({analysis['no_fit'][variant]})"
     floor = f"E={fit['E']:.3f}, " if fit["law"].startswith("E") else ""
+    spread, bound = analysis["alpha_range"][variant], fit["E_at_bound"]
+    per_seed = f"; α per seed {spread[0]:.3f}–{spread[1]:.3f}" if spread else ""
+    at_bound = f"; E at its bound ({bound})" if bound else ""
     rising = "; loss rises with compute" if fit["alpha"] <= 0 else ""
-    return (f"{floor}A={fit['A']:.3g}, α={fit['alpha']:.3f} ({fit['law']}); "
+    return (f"{floor}A={fit['A']:.3g}, α={fit['alpha']:.3f} ({fit['law']}){per_seed}{at_bound}; "
             f"largest residual {max(fit['residuals'], key=abs):+.4f}{rising}")
+
+
+def fit_notes(analysis, variants):
+    """The lines under the summary that say how to read its fit cells, where they need it."""
+    fits = [analysis["fits"][v] for v in variants if analysis["fits"][v]]
+    notes = []
+    if any(analysis["alpha_range"][v] for v in variants):
+        notes.append("α per seed: the lowest and highest α of the fits of each seed's losses alone.")
+    if any(fit["E_at_bound"] for fit in fits):
+        notes.append("E at its bound: the fitted floor lies at an end of its search (0, or just under the smallest "
+                     "loss), so these points do not place E, and α moves with it: read the curve, not E and α.")
+    return notes
 
 
 def no_compute_reason(analysis, variant):
@@ -281,7 +355,8 @@ def ratio_cell(analysis, variant):
 
 
 def summary_table(summaries, labels, budgets, analysis, variants, n_seeds):
-    """Per variant: the val loss at every size's budget, the fit, and the compute for the target loss."""
+    """Per variant: the val loss at every size's budget, the fit, and the compute for the target loss;
+    under it, how to read the fit cells where they need it."""
     target, reference = analysis["target_loss"], analysis["reference"]
     target_title = "compute for loss " + (f"{target:.4f}" if target is not None else "(none)")
     lines = ["| attention | " + " | ".join(f"val loss at {label} (budget {budgets[label]:.3g})" for label in labels)
@@ -294,7 +369,7 @@ def summary_table(summaries, labels, budgets, analysis, variants, n_seeds):
             cells.append(mean_cell(loss_stats(rows), "{:.4f}", n_seeds) if rows else "n/a")
         cells += [fit_cell(analysis, variant), compute_cell(analysis, variant), ratio_cell(analysis, variant)]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n\n".join(["\n".join(lines)] + fit_notes(analysis, variants))
 
 
 # -----------------------------------------------------------------------------
@@ -521,7 +596,7 @@ def write_report(out_dir, header, plan, budgets, summaries, *, variants, referen
     analysis = analyse(summaries, labels, variants, reference, seeds)
     sections = [header] + ([lr_section] if lr_section else [])
     for label in labels:
-        sections.append(f"## {label}\n\n{markdown_table(by_size[label], seeds)}")
+        sections.append(f"## {label}\n\n{markdown_table(by_size[label], seeds)}\n\n{rank_note(seeds)}")
     if len(labels) > 1:
         sections.append(f"## Summary\n\n{summary_table(summaries, labels, budgets, analysis, variants, seeds)}")
     markdown = "\n\n".join(sections) + "\n"

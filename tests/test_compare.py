@@ -388,6 +388,36 @@ def test_help_prints_the_example_with_its_line_continuation():
 
 
 # -----------------------------------------------------------------------------
+# ranks and ties
+
+def seeds_of(**val_losses):
+    """One size's results of variants with these val losses over seeds, as frontier.aggregate makes them."""
+    return {variant: frontier.aggregate([{"final_val_loss": loss} for loss in losses])
+            for variant, losses in val_losses.items()}
+
+
+def test_a_difference_within_two_standard_errors_is_a_tie():
+    """1.910, 1.928 and 1.935, each ± 0.01 over 3 seeds: 2 standard errors of a difference are
+    2 √(0.01²/3 + 0.01²/3) = 0.0163. Optimized is 0.018 behind super: ranked, though within 2 standard
+    deviations (0.02). Standard is 0.007 behind optimized: a tie."""
+    table = frontier.markdown_table(seeds_of(super=[1.90, 1.91, 1.92], optimized=[1.918, 1.928, 1.938],
+                                             standard=[1.925, 1.935, 1.945]), n_seeds=3)
+    assert "| super | 1.9100 ± 0.0100 (1) |" in table
+    assert "| optimized | 1.9280 ± 0.0100 (2) |" in table
+    assert "| standard | 1.9350 ± 0.0100 (3=) |" in table
+
+
+def test_one_seed_says_ties_cannot_be_told(tmp_path):
+    rows, budgets = synthetic_summaries(["standard", "efficient"], seeds=1)
+    for row in rows:  # 0.001 apart: with one seed, ranked as measured
+        row["final_val_loss"] = 2.0 + 0.001 * (row["attention"] == "efficient")
+    tables = one_seed_report(tmp_path, budgets, rows, ["standard", "efficient"]).split("## Summary")[0]
+    assert tables.count("| 2.0000 (1) |") == tables.count("| 2.0010 (2) |") == 4 and "=)" not in tables
+    assert tables.count("One seed: the ranks order single runs; with no spread over seeds to compare a difference "
+                        "with, ties cannot be told.") == 4
+
+
+# -----------------------------------------------------------------------------
 # the fit
 
 def test_the_fit_recovers_a_saturating_power_law():
@@ -510,6 +540,40 @@ def test_fewer_than_three_sizes_say_so_instead_of_fitting(tmp_path):
     rows = [r for r in rows if r["size"] in ("s", "m")]
     markdown = one_seed_report(tmp_path, {"s": 1e10, "m": 1e11}, rows, ["standard"])
     assert "no fit (2 sizes; a fit needs 3)" in markdown
+
+
+def test_alpha_comes_with_its_range_over_the_fits_of_each_seed(tmp_path):
+    """Seed 0's losses follow alpha 0.10, seed 1's 0.12, each with its floor E = 1 well inside the search."""
+    rows, budgets = synthetic_summaries(["standard", "efficient"], seeds=2)
+    for row in rows:
+        row["final_val_loss"] = 1.0 + 30.0 * row["training_flops"] ** -(0.10 if row["seed"] == 0 else 0.12)
+    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, variants=["standard", "efficient"],
+                                     reference="standard", seeds=2, extra={})
+    tables, summary = markdown.split("## Summary")
+    standard = next(line for line in summary.splitlines() if line.startswith("| standard"))
+    assert "(E + A*C^-alpha); α per seed 0.100–0.120; largest residual" in standard
+    assert "E at its bound" not in summary and "α per seed: the lowest and highest α" in summary
+    assert tables.count("(2=): tied with the variant ranked just above it") == 4
+    analysis = json.loads((tmp_path / "results.json").read_text())["analysis"]
+    assert analysis["alpha_per_seed"]["standard"] == pytest.approx([0.10, 0.12], rel=1e-3)
+    assert analysis["alpha_range"]["standard"] == pytest.approx([0.10, 0.12], rel=1e-3)
+    assert analysis["fits"]["standard"]["E_at_bound"] is None
+
+
+def test_a_floor_at_either_end_of_its_search_is_flagged(tmp_path):
+    """E is searched in [0, smallest loss): a plain power law puts it at 0, losses that stop falling just
+    under the smallest; either way the points do not place it."""
+    C = np.array([1e10, 1e11, 1e12, 1e13])
+    assert frontier.fit_loss_curve(C, [2.3, 2.1, 2.0, 2.0])["E_at_bound"] == "smallest loss"
+    assert frontier.fit_loss_curve(C, 1.0 + 30.0 * C ** -0.1)["E_at_bound"] is None
+    assert frontier.fit_loss_curve(C[:3], 30.0 * C[:3] ** -0.1)["E_at_bound"] is None  # E = 0 by the law, not fitted
+    rows, budgets = synthetic_summaries(["standard"], seeds=1)
+    for row in rows:
+        row["final_val_loss"] = 30.0 * row["training_flops"] ** -0.1
+    summary = one_seed_report(tmp_path, budgets, rows, ["standard"]).split("## Summary")[1]
+    assert "| E=0.000, A=30, α=0.100 (E + A*C^-alpha); E at its bound (0); largest residual" in summary
+    assert "E at its bound: the fitted floor lies at an end of its search" in summary and "α per seed" not in summary
+    assert json.loads((tmp_path / "results.json").read_text())["analysis"]["fits"]["standard"]["E_at_bound"] == "0"
 
 
 # -----------------------------------------------------------------------------
