@@ -693,6 +693,7 @@ def stopping_launcher(folder, at_iter=3):
     return f"--launcher={shlex.quote(sys.executable)} {shlex.quote(str(wrapper))}"
 
 
+@pytest.mark.slow  # several train.py processes
 def test_a_run_whose_train_py_alone_was_stopped_is_an_error_and_resumes_on_rerun(tiny_run, capsys):
     config, out_dir = tiny_run
     argv = [str(config), "--variants=efficient", "--max_iters=20", f"--out_dir={out_dir}"]
@@ -710,6 +711,7 @@ def test_a_run_whose_train_py_alone_was_stopped_is_an_error_and_resumes_on_rerun
     assert sum(segment["iterations_this_run"] for segment in segments) == 20  # the stopped segment counted once
 
 
+@pytest.mark.slow  # several train.py processes
 @pytest.mark.parametrize("summary", [None, {"stop_reason": "SIGTERM", "iterations": 1}])
 def test_a_finished_checkpoint_whose_summary_was_lost_is_an_error_until_its_folder_is_deleted(tiny_run, capsys,
                                                                                              summary):
