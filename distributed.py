@@ -315,6 +315,8 @@ def load_train_state(out_dir):
     problem = shards_problem(folder)
     if problem:
         refuse(damaged, folder, problem)
+    if superseded_by(out_dir, folder) is not None:
+        refuse(superseded, out_dir, folder)
     state = read_checkpoint_file(folder / TRAIN_STATE_NAME)
     state["sharded_dir"] = str(folder)
     return state
@@ -328,6 +330,37 @@ def missing(out_dir):
     except CheckpointError:
         pass
     return f"no sharded checkpoint at {_folders(out_dir)[0]} to resume an FSDP run from.{hint}"
+
+
+def superseded_by(out_dir, folder):
+    """ckpt.pt if a run without FSDP wrote it after `folder`'s shards, which are then an earlier FSDP
+    run's (left by a kill before that run's first save removed them, or by a train.py that did not);
+    else None. An FSDP run's own export is always written after its shards, and says so."""
+    path = Path(out_dir) / CHECKPOINT_NAME
+    try:
+        if path.stat().st_mtime_ns <= (Path(folder) / TRAIN_STATE_NAME).stat().st_mtime_ns:
+            return None
+        checkpoint = load_checkpoint(out_dir, mmap=True)  # mapped: the keys alone are read
+    except (OSError, CheckpointError):
+        return None
+    return None if "sharded" in checkpoint else checkpoint
+
+
+def superseded(out_dir, folder):
+    later = superseded_by(out_dir, folder)["iter_num"]
+    ckpt = Path(out_dir) / CHECKPOINT_NAME
+    return (f"{folder} holds an earlier FSDP run (iteration {train_state_iteration(folder)}): {ckpt} (iteration "
+            f"{later}) was written after it by a run without FSDP. Resume that run with parallelism='ddp', or move "
+            f"{ckpt} out of {out_dir} to resume the FSDP run")
+
+
+def remove_shards(out_dir):
+    """Rank 0, after a run without FSDP saved its ckpt.pt: remove an earlier FSDP run's sharded folders,
+    which that save replaced (a later FSDP resume would otherwise take them up). Whether there were any."""
+    found = [folder for folder in _folders(out_dir) if folder.exists()]
+    for folder in found:
+        _remove(folder)
+    return bool(found)
 
 
 def shards_problem(folder):

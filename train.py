@@ -541,6 +541,9 @@ def save(run, reason, evaluated):
     if run.fsdp:  # the shards become the resume point, with the training state beside them; ckpt.pt follows
         distributed.commit_shards(run.out_dir, {k: v for k, v in ckpt.items() if k != "model"})
     save_checkpoint(ckpt, run.out_dir / CHECKPOINT_NAME)
+    if not run.fsdp and distributed.remove_shards(run.out_dir):
+        run.say(f"removed {run.out_dir / distributed.SHARDED_NAME}, an earlier FSDP run's checkpoint, which this "
+                f"one replaces")
     run.log.write_held_records()  # the earlier run's log, if any, is replaced with its checkpoint
     run.say(f"saved checkpoint to {run.out_dir / CHECKPOINT_NAME} at iteration {run.iter_num} "
             f"({reason}, {time.time() - t:.2f}s)")

@@ -190,6 +190,29 @@ def test_the_resume_line_names_the_shard_folder_it_read(tmp_path, data_dir, one_
     assert f"resuming from {out / TMP} at iteration 4" in capsys.readouterr().out
 
 
+def test_a_run_without_fsdp_replaces_an_earlier_fsdp_runs_shards(reference, tmp_path, data_dir, capsys):  # noqa: F811
+    """A new single-process run over an FSDP run's out_dir removes the shards with its first save, so
+    that an FSDP resume cannot take them up and then overwrite the new run's ckpt.pt. Shards that
+    outlive it (a kill between that save and their removal) are refused, and no file changes."""
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)  # mtimes kept: the FSDP run's export is newer than its shards
+    T.train(tiny(tmp_path, data_dir, max_iters=2, eval_interval=2), verbose=True)
+    assert folders(out) == []
+    assert f"removed {out / FINAL}, an earlier FSDP run's checkpoint" in capsys.readouterr().out
+    model_args = load_checkpoint(out)["model_args"]
+    with pytest.raises(T.CheckpointError, match="no sharded checkpoint at .* resume it with parallelism='ddp'"):
+        T.load_resume_checkpoint(out, model_args, sharded=True)
+
+    shutil.copytree(reference / FINAL, out / FINAL)  # as if the removal had been cut short
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(T.CheckpointError) as err:
+        T.load_resume_checkpoint(out, model_args, sharded=True)
+    assert str(err.value).startswith(f"{out / FINAL} holds an earlier FSDP run (iteration 8): {out / 'ckpt.pt'} "
+                                     f"(iteration 2) was written after it by a run without FSDP. Resume that run "
+                                     f"with parallelism='ddp'")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_the_model_args_error_names_the_shard_folder(reference):
     model_args = {**load_checkpoint(reference)["model_args"], "n_layer": 3}
     with pytest.raises(T.CheckpointError, match=f"cannot resume from {reference / FINAL}:"):
