@@ -233,6 +233,10 @@ def plan_size(args, overrides, shape, out_dir):
     if c["max_iters"] < 1:
         raise SweepError(f"each run's schedule is the config's stretched by its iterations / max_iters: max_iters "
                          f"must be at least 1 (it is {c['max_iters']}): set --max_iters")
+    if c["eval_only"]:
+        raise SweepError("eval_only=True: a sweep trains every run (each would stop with nothing to evaluate); drop "
+                         "it, and evaluate one finished run with python train.py --init_from=resume --eval_only=True "
+                         "--out_dir=<its folder>")
     costs = variant_costs(args, overrides + shape_args, c, label, out_dir)
     budget = args.budget or costs[args.reference][1] * c["max_iters"]
     runs = {}

@@ -326,6 +326,7 @@ def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run
 @pytest.mark.parametrize("argv, message", [
     (["--match=flops", "--max_iters=0"], "max_iters must be at least 1"),
     (["--max_iters=0"], "max_iters must be at least 1"),  # --match=iters stretches the schedule too, by 1
+    (["--eval_only=True"], "eval_only=True: a sweep trains every run"),  # not one failed run after another
     (["--match=tokens", "--budget_tokens=10"], "is less than half an iteration of"),  # an iteration is 64 tokens
 ])
 def test_a_budget_that_cannot_be_planned_is_one_error_line(tiny_run, argv, message, capsys):
