@@ -49,7 +49,7 @@ import numpy as np
 from datasets import Dataset, Value, load_dataset
 from tqdm import tqdm
 
-from atomic import atomic_file
+from atomic import atomic_file, remove_abandoned
 from tokenizer import (
     EOT_TOKEN,
     GPT2_VOCAB_SIZE,
@@ -569,6 +569,9 @@ def write_token_files(sources, out_dir, budgets, num_threads, description, val_f
     is removed just before the renames, and the caller writes the new one after them.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    for name in (*budgets, META_FILENAME):
+        for tmp in remove_abandoned(out_dir / (f"{name}.bin" if name in budgets else name)):
+            print(f"removed {tmp}, left by a run that was killed while writing it")
     num_empty = 0
     with ExitStack() as stack:
         files = {name: TokenFile(stack.enter_context(atomic_file(out_dir / f"{name}.bin", "wb")), budget, name)

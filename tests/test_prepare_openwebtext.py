@@ -541,6 +541,25 @@ def test_interrupted_run_leaves_the_earlier_dataset_whole(tmp_path, monkeypatch,
 
 
 @needs_bpe
+def test_a_killed_runs_temporary_files_are_removed_and_a_running_writers_kept(tmp_path, capsys):
+    """A SIGKILL mid-write leaves train.bin.<pid>.tmp (as large as train.bin) where no handler could
+    remove it; the next run removes it, but not the file of a process still writing."""
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": doc} for doc in make_documents(10)])
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()
+    abandoned = [out_dir / f"{name}.{killed.pid}.tmp" for name in ("train.bin", "val.bin", "meta.json")]
+    running = out_dir / f"train.bin.{os.getppid()}.tmp"
+    for path in (*abandoned, running):
+        path.write_bytes(b"\0" * 64)
+    prepare(str(source), out_dir, val_fraction=0.2)
+    assert sorted(os.listdir(out_dir)) == sorted(["meta.json", "train.bin", "val.bin", running.name])
+    out = capsys.readouterr().out
+    assert all(f"removed {path}, left by a run that was killed while writing it" in out for path in abandoned)
+
+
+@needs_bpe
 def test_the_earlier_meta_json_is_gone_before_new_token_files_replace_the_old(tmp_path, monkeypatch):
     """A kill between the two renames must not leave the old meta.json beside a new train.bin."""
     source = write_jsonl(tmp_path / "c.jsonl", [{"text": doc} for doc in make_documents(10)])
