@@ -7,7 +7,8 @@ the expected type, and resolve_config checks the values before anything trains.
 
 Each key has its default, a one-line meaning and, where the values are a fixed set, its choices, all
 in SETTINGS: `python train.py --help` prints that table. The model's keys take their defaults from
-model.GPTConfig, which also checks their values.
+model.GPTConfig, which also checks their values, except bias (False, as in NanoGPT's train.py) and
+vocab_size (0: from the data's meta.json).
 """
 
 import ast

@@ -18,6 +18,28 @@ class DataError(ValueError):
     """Training data that is missing, empty, too short, or does not fit the model."""
 
 
+# the commands that make each dataset the shipped configs read, by the name of its folder
+PREPARE_COMMANDS = {
+    "shakespeare_char": ("python prepare_char.py --input=path/to/tinyshakespeare.txt",
+                         "python prepare_char.py (downloads it)"),
+    "stdlib_char": ("python prepare_char.py --corpus=stdlib",),
+    "openwebtext": ("python prepare_openwebtext.py",),
+    "c4": ("python prepare_openwebtext.py --dataset=c4",),
+}
+
+
+def prepare_hint(data_dir):
+    """How to make the missing dataset data_dir: its commands where the folder is one the configs name
+    (with --out_dir where it is not in its default place), else both scripts."""
+    data_dir = Path(data_dir)
+    if data_dir.name not in PREPARE_COMMANDS:
+        return (f"prepare the dataset first, with --out_dir={data_dir}: python prepare_char.py for characters, "
+                f"python prepare_openwebtext.py for GPT-2 BPE (docs/data.md)")
+    out_dir = "" if data_dir == Path("data") / data_dir.name else f" --out_dir={data_dir}"
+    commands = [command.replace(".py", f".py{out_dir}", 1) for command in PREPARE_COMMANDS[data_dir.name]]
+    return f"prepare the dataset first: {', or '.join(commands)}"
+
+
 def config_data_dir(c):
     """The dataset folder a training config reads: data_dir, or NanoGPT's data/<dataset>."""
     return Path(c["data_dir"] or Path("data") / c["dataset"])
@@ -26,7 +48,7 @@ def config_data_dir(c):
 def _token_file(data_dir, split):
     path = Path(data_dir) / f"{split}.bin"
     if not path.is_file():
-        raise DataError(f"{path} not found: prepare the dataset first (e.g. python prepare_char.py)")
+        raise DataError(f"{path} not found: {prepare_hint(data_dir)}")
     size = path.stat().st_size
     if size == 0:
         raise DataError(f"{path} is empty: prepare the dataset again")
@@ -47,7 +69,7 @@ def check_data(data_dir, block_size):
     """Check train.bin, val.bin and meta.json before anything trains; return (meta, n_tokens, max_token)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise DataError(f"data folder {data_dir} not found: prepare the dataset first (e.g. python prepare_char.py)")
+        raise DataError(f"data folder {data_dir} not found: {prepare_hint(data_dir)}")
     paths = {split: _token_file(data_dir, split) for split in ("train", "val")}
     try:
         meta = read_meta(data_dir)

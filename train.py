@@ -23,8 +23,8 @@ What the run writes to out_dir (rank 0 only):
     log.jsonl     one JSON object per logged iteration and per evaluation (runlog.py)
     summary.json  parameters, FLOPs, final losses, speed, peak memory and wall time of the run
     train.lock    held while the run lives, so that a second run on the same out_dir stops at once
-Under FSDP, ckpt.pt holds the gathered model without optimizer or rng, and the resume point is the
-folder ckpt_sharded/ (every rank writes its shards; distributed.py).
+Under FSDP, ckpt.pt holds the gathered model without the optimizer, whose state stays in the shards:
+the resume point is the folder ckpt_sharded/ (every rank writes its shards; distributed.py).
 """
 
 import math

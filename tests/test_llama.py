@@ -167,15 +167,18 @@ def model_of_config(name, vocab_size=50304):
         return GPT(GPTConfig(**{**{k: c[k] for k in T.MODEL_ARG_KEYS}, "vocab_size": vocab_size})), c
 
 
-@pytest.mark.parametrize("name, params, with_llama_vocab", [
-    # 10 x (2 * 3072^2 + 3 * 3072 * 8192 + 2 * 3072) + 2 * 50304 * 3072 + 3072
-    ("train_llama1b_efficient_c4.py", 1_252_850_688, 1_140_390_912),
-    # 22 x (2048 * (2048 + 2 * 256) + 2048^2 + 3 * 2048 * 5632 + 2 * 2048) + 2 * 50304 * 2048 + 2048
-    ("train_tinyllama_standard_c4.py", 1_175_021_568, 1_100_048_384),  # the latter is TinyLlama's own
+@pytest.mark.parametrize("name, params, with_llama_vocab, flops", [
+    # 10 x (2 * 3072^2 + 3 * 3072 * 8192 + 2 * 3072) + 2 * 50304 * 3072 + 3072;
+    # 3 x 2 x (10 x (2 * 3072^2 + 2 * 2048 * 3072 + 3 * 3072 * 8192) + 3072 * 50304) at T = 2048
+    ("train_llama1b_efficient_c4.py", 1_252_850_688, 1_140_390_912, 7_344_488_448),
+    # 22 x (2048 * (2048 + 2 * 256) + 2048^2 + 3 * 2048 * 5632 + 2 * 2048) + 2 * 50304 * 2048 + 2048;
+    # 3 x 2 x (22 x (2 * 2048^2 + 2 * 2048 * 256 + 2 * 2048 * 2048 + 3 * 2048 * 5632) + 2048 * 50304)
+    ("train_tinyllama_standard_c4.py", 1_175_021_568, 1_100_048_384, 7_538_737_152),  # TinyLlama's own count
 ])
-def test_1b_configs_have_exact_parameter_counts(name, params, with_llama_vocab):
+def test_1b_configs_have_exact_parameter_and_flop_counts(name, params, with_llama_vocab, flops):
     model, c = model_of_config(name)
     assert model.get_num_params(non_embedding=False) == params
+    assert model.flops_per_token() == flops  # forward and backward, at the config's context of 2048
     assert model_of_config(name, vocab_size=32000)[0].get_num_params(non_embedding=False) == with_llama_vocab
     assert c["dataset"] == "c4" and c["block_size"] == 2048 and c["norm"] == "rmsnorm" and c["pos"] == "rope"
 

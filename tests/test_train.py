@@ -269,6 +269,23 @@ def test_bad_data_stops_before_training_with_the_reason(tmp_path, case, match):
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
+@pytest.mark.parametrize("data_dir, command", [
+    ("data/openwebtext", "python prepare_openwebtext.py"),
+    ("data/c4", "python prepare_openwebtext.py --dataset=c4"),
+    ("data/stdlib_char", "python prepare_char.py --corpus=stdlib"),
+    ("/scratch/shakespeare_char", "python prepare_char.py --out_dir=/scratch/shakespeare_char "
+                                  "--input=path/to/tinyshakespeare.txt, or python prepare_char.py "
+                                  "--out_dir=/scratch/shakespeare_char (downloads it)"),
+    ("/scratch/mine", "with --out_dir=/scratch/mine: python prepare_char.py for characters, "
+                      "python prepare_openwebtext.py for GPT-2 BPE"),
+])
+def test_a_missing_dataset_names_the_command_that_makes_it(data_dir, command):
+    with pytest.raises(T.DataError) as err:
+        T.check_data(data_dir, block_size=8)
+    assert str(err.value).startswith(f"data folder {data_dir} not found: prepare the dataset first")
+    assert command in str(err.value)
+
+
 def swap_first_two_chars(meta):
     chars = meta["chars"]
     meta["chars"] = chars[1] + chars[0] + chars[2:]
@@ -359,7 +376,8 @@ def test_resume_without_the_config_names_the_overrides_the_checkpoint_was_traine
     assert T.main([f"--out_dir={cfg['out_dir']}", "--init_from=resume", "--device=cpu"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
-    assert "data/openwebtext not found" in err and "was trained with another config" in err
+    assert "data/openwebtext not found: prepare the dataset first: python prepare_openwebtext.py." in err
+    assert "was trained with another config" in err
     assert f"--data_dir={str(data_dir)!r}" in err and "--n_layer=1" in err and "--n_embd=32" in err
 
 
