@@ -210,6 +210,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.project(x)
         q, k = self.rotate(q, k, rope)
         if cache is not None:
+            # kept in the queries' dtype: under autocast, the X_i that efficient and super use come from the
+            # norm in float32, half the cache's bandwidth wasted and cast again by SDPA at every step
+            k, v = k.to(q.dtype), v.to(q.dtype)
             k = cache.store("k", k)
             # rotated keys and unrotated values are two tensors even where the variant's K and V are one
             v = k if self.values_are_keys and rope is None else cache.store("v", v)
@@ -280,8 +283,8 @@ class SuperAttention(EfficientAttention):
             # only the new tokens' rows: earlier rows never change within a window
             kernel = self.align_weight[cache.positions, :window].masked_fill(~cache.visible, 0.0)
             bias = self.align_bias[cache.positions]
-        rows = torch.matmul(kernel.to(v.dtype), v) + bias[:, None].to(v.dtype)
-        return rows if cache is None else cache.store("v_aligned", rows)
+        rows = torch.matmul(kernel.to(v.dtype), v) + bias[:, None]  # the bias added in float32, cached or not
+        return rows if cache is None else cache.store("v_aligned", rows.to(v.dtype))
 
     def num_structural_zeros(self):
         return self.block_size * (self.block_size - 1) // 2

@@ -302,6 +302,22 @@ def test_cached_logits_equal_recomputed_logits(attention, options):
     torch.testing.assert_close(torch.cat(fixed, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("attention, options", SHAPES)
+def test_the_cache_holds_the_compute_dtype_under_autocast(attention, options):
+    """Under bf16 autocast the norm's output is float32, so efficient's and super's X_i (and optimized's
+    values) would fill a float32 cache that SDPA casts to bf16 at every step; the cache holds bf16, and
+    cached logits still equal recomputed ones up to bf16 rounding."""
+    model = tiny_model(attention, **options)
+    idx = random_tokens(2, TINY["block_size"])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full, _ = model(idx, all_logits=True)
+        cache = KVCache(TINY["n_layer"], TINY["block_size"])
+        cached = [model(idx[:, :5], all_logits=True, kv_cache=cache)[0]]
+        cached += [model(idx[:, t : t + 1], all_logits=True, kv_cache=cache)[0] for t in range(5, idx.size(1))]
+    assert {buffer.dtype for layer in cache.layers for buffer in layer.values()} == {torch.bfloat16}
+    torch.testing.assert_close(torch.cat(cached, dim=1), full, atol=5e-3, rtol=0)
+
+
 def test_a_full_cache_says_so():
     model, cache = tiny_model("standard"), KVCache(TINY["n_layer"], TINY["block_size"])
     with torch.no_grad():
