@@ -39,6 +39,15 @@ STAGE_TIMEOUT=${STAGE_TIMEOUT:-}  # seconds for each stage; none when empty
 SCRIPT=$(realpath -- "${BASH_SOURCE[0]}")
 export PYTHONUNBUFFERED=1
 
+# an image with only python3 on PATH (the one that holds torch) gets a `python` that runs it, for every
+# command below and the processes they start; a wrapper, not a link: a venv's python must be run by its path
+if ! command -v python >/dev/null && command -v python3 >/dev/null; then
+  PYTHON_WRAPPER=$(mktemp -d)
+  printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v python3)" >"$PYTHON_WRAPPER/python"
+  chmod +x "$PYTHON_WRAPPER/python"
+  export PATH="$PYTHON_WRAPPER:$PATH"
+fi
+
 die() {
   echo "gpu_suite.sh: $*" >&2
   exit 1
@@ -83,7 +92,6 @@ preflight() {
       && { python -c 'import requests' 2>/dev/null || die "$stage: NanoGPT's prepare.py imports requests: pip install requests"; } ;;
     step | step_large) need_cuda "$stage" && { [[ -z ${NANOGPT_DIR:-} || -f $NANOGPT_DIR/model.py ]] \
       || die "$stage: NANOGPT_DIR=$NANOGPT_DIR holds no model.py (a checkout of https://github.com/karpathy/nanoGPT)"; } ;;
-    resume) need_cuda "$stage" && { command -v torchrun >/dev/null || die "$stage: torchrun is not on PATH"; } ;;
     *) need_cuda "$stage" ;;
   esac
 }
@@ -178,7 +186,7 @@ stage_tinyllama() { train_throughput config/train_tinyllama_standard_c4.py; }
 # must continue from the saved iteration and finish
 resume_once() {
   local parallelism=$1 out=$RESUME_WORK/$1
-  local train=(torchrun --standalone --nproc_per_node=1 train.py config/quickstart.py --data_dir="$RESUME_WORK/data"
+  local train=(python -m torch.distributed.run --standalone --nproc_per_node=1 train.py config/quickstart.py --data_dir="$RESUME_WORK/data"
     --out_dir="$out" --parallelism="$parallelism" --device=cuda --compile=True)
   rm -rf "$out"
   run "${train[@]}" --max_iters=200
