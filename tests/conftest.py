@@ -46,14 +46,17 @@ needs_shakespeare = pytest.mark.skipif(
 
 
 def tiny_model(attention, seed=0, random_alignment=True, **overrides):
-    """A small model; super gets a random lower-triangular W^A and bias, so it is not just efficient."""
+    """A small model. The variants whose own parameters start where they equal efficient get random ones,
+    so that the tests see the variant: super a lower-triangular W^A and bias, temperature its t_i."""
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**{**TINY, **overrides, "attention": attention}))
-    if attention == "super" and random_alignment:
-        with torch.no_grad():
-            for block in model.transformer.h:
+    with torch.no_grad():
+        for block in model.transformer.h:
+            if attention == "super" and random_alignment:
                 block.attn.align_weight.copy_(torch.randn_like(block.attn.align_weight).tril() * 0.3)
                 block.attn.align_bias.normal_()
+            if isinstance(block.attn, example_variant.TemperatureAttention):
+                block.attn.log_temperature.normal_(std=0.5)
     return model.eval()
 
 

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -161,17 +162,28 @@ def test_a_damaged_shard_folder_under_two_processes_is_said_once(how, reference,
 
 @pytest.mark.slow
 def test_a_refusing_rank_other_than_0_waits_silently_to_be_stopped():
-    """Were it to exit first, the launcher would stop rank 0 before rank 0 had said why."""
-    code = "import sys, distributed; distributed.REFUSE_WAIT_SECONDS = float(sys.argv[1]); distributed.refuse(str)"
+    """Were it to exit first, the launcher would stop rank 0 before rank 0 had said why. And the stop
+    signal ends it quietly: the handlers train.py had installed (which save, or print) are undone."""
+    code = textwrap.dedent("""
+        import signal, sys, time, distributed
+        signal.signal(signal.SIGTERM, lambda *args: print("a handler ran", flush=True))  # as train.py's would
+        real_sleep = time.sleep
+        def sleep(seconds):
+            print("waiting", flush=True)
+            real_sleep(seconds)
+        time.sleep = sleep
+        distributed.REFUSE_WAIT_SECONDS = float(sys.argv[1])
+        distributed.refuse(str)
+    """)
     env = dict(os.environ, RANK="1", PYTHONPATH=str(REPO))
     waiting = subprocess.Popen([sys.executable, "-c", code, "60"], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    time.sleep(8)  # long past its imports
+    assert waiting.stdout.readline() == "waiting\n"  # in refuse, its handlers undone, waiting to be stopped
     assert waiting.poll() is None, "a rank other than 0 exited before the launcher stopped it"
     waiting.send_signal(signal.SIGTERM)  # what the launcher does once rank 0 has exited
     assert waiting.wait(timeout=30) == -signal.SIGTERM and waiting.communicate() == ("", "")
     alone = subprocess.run([sys.executable, "-c", code, "0.1"], env=env, capture_output=True, text=True, timeout=60)
-    assert (alone.returncode, alone.stdout, alone.stderr) == (1, "", "")  # no launcher stopped it: status 1
+    assert (alone.returncode, alone.stdout, alone.stderr) == (1, "waiting\n", "")  # no launcher stopped it: status 1
 
 
 def launch(tmp_path, config, nproc=2):

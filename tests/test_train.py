@@ -862,35 +862,33 @@ def test_a_launch_with_no_process_to_start_is_one_error_line(value, problem, tmp
 # crashes, signals and NaN
 
 def test_sigkill_during_checkpoint_write_never_leaves_a_torn_checkpoint(tmp_path):
-    """A writer saves a ~24 MB checkpoint in a loop; kill it at random moments, then the checkpoint
-    must load and be one of the complete versions."""
+    """A writer saves a ~24 MB checkpoint in a loop; kill it at random moments after its first save
+    (so mid-write, often), then the checkpoint must load and be one of its complete versions."""
     path = tmp_path / "out" / CHECKPOINT_NAME
     writer = textwrap.dedent(f"""
-        import torch
+        import sys, torch
         from checkpoint import save_checkpoint
         big = torch.zeros(6_000_000)
-        version = 0
+        version = int(sys.argv[1])
         while True:
             version += 1
             big.fill_(version)
             save_checkpoint({{"model_args": {{}}, "model": {{"w": big}}, "iter_num": version}}, {str(path)!r})
+            print(version, flush=True)
     """)
     rng = random.Random(1)
-    last_version = 0
-    for attempt in range(6):
-        proc = subprocess.Popen([sys.executable, "-c", writer], cwd=REPO, env=subprocess_env())
-        deadline = time.time() + 60
-        while not path.exists() and time.time() < deadline:
-            time.sleep(0.02)
+    for attempt in range(1, 7):
+        first = attempt * 1_000_000  # each writer's versions: which one wrote the file is known
+        proc = subprocess.Popen([sys.executable, "-c", writer, str(first)], cwd=REPO, env=subprocess_env(),
+                                stdout=subprocess.PIPE, text=True)
+        assert int(proc.stdout.readline()) == first + 1  # this writer has saved once
         time.sleep(rng.uniform(0.0, 0.6))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
         ckpt = load_checkpoint(path)  # raises CheckpointError on a torn file
-        w = ckpt["model"]["w"]
-        assert torch.all(w == ckpt["iter_num"])  # one complete version, never a mix
-        assert ckpt["iter_num"] >= 1
-        last_version = ckpt["iter_num"]
-    assert last_version >= 1
+        assert ckpt["iter_num"] > first  # this writer's, not an earlier one's
+        assert torch.all(ckpt["model"]["w"] == ckpt["iter_num"])  # one complete version, never a mix
 
 
 def test_stale_temporary_checkpoints_are_cleaned(tmp_path, data_dir):
