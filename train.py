@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 import distributed
-from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, first_non_finite,
+from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, first_non_finite, load_checkpoint,
                         load_resume_checkpoint, load_weights, resume_hint, save_checkpoint)
 from configurator import DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config
 from data import Batches, DataError, check_data, choose_vocab_size, config_data_dir
@@ -157,6 +157,8 @@ def train(config, verbose=True):
 
     run = Run(c=c, out_dir=out_dir, data_dir=data_dir, meta=meta, model_args=model_args, device=device, dtype=dtype,
               ddp=ddp, rank=rank, world_size=world_size, verbose=verbose, wall_start=started)
+    if checkpoint is not None and checkpoint.get("run_id"):
+        run.run_id = checkpoint["run_id"]  # the run this one continues
     threads = CpuThreads(c["num_threads"], device)
     # from here on a SIGINT/SIGTERM stops the run after a step and a checkpoint, even one that
     # arrives while the process group or the model is being set up, or while they are torn down
@@ -229,18 +231,30 @@ def announce(run, n_tokens):
         for stale in run.out_dir.glob(CHECKPOINT_NAME + ".*.tmp"):  # left by a crash while saving
             stale.unlink(missing_ok=True)
     run.keeps_earlier_run = finds_earlier_run(run)
-    if run.keeps_earlier_run:
+    if run.keeps_earlier_run and run.c["init_from"] == "resume":
+        run.say(f"note: {run.out_dir / CHECKPOINT_NAME} is another run's than the shards this run continues (a stop "
+                f"cut their first save short); this run replaces it, its log and its summary at its first save")
+    elif run.keeps_earlier_run:
         run.say(f"note: {run.out_dir / CHECKPOINT_NAME} is an earlier run's; this run replaces it, its log and its "
                 f"summary at its first save, and a stop before then leaves them as they are (to continue that run "
                 f"instead: --init_from=resume)")
 
 
 def finds_earlier_run(run):
-    """Whether a new run (not a resume) finds an earlier run's checkpoint in out_dir, as rank 0 sees it
-    (the rank that writes there), on every rank alike."""
+    """Whether ckpt.pt in out_dir, with the log and summary beside it, is another run's, as rank 0 sees
+    it (the rank that writes there), on every rank alike: for a new run (not a resume), any ckpt.pt; for
+    an FSDP resume, one of another run than the shards it continues, which a stop between a new run's
+    first shards and its ckpt.pt leaves (checkpoints from before run ids count as the same run)."""
     found = None
-    if run.master:
-        found = run.c["init_from"] != "resume" and not run.c["eval_only"] and (run.out_dir / CHECKPOINT_NAME).exists()
+    if run.master and not run.c["eval_only"]:
+        path = run.out_dir / CHECKPOINT_NAME
+        if run.c["init_from"] != "resume":
+            found = path.exists()
+        elif run.fsdp:
+            try:
+                found = load_checkpoint(path, mmap=True).get("run_id") not in (None, run.run_id)
+            except CheckpointError:
+                found = False
     return distributed.first_on_any_rank(found) if run.ddp else found
 
 
@@ -332,7 +346,7 @@ def open_logs(run):
 
         wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
                                resume="allow" if resuming else None)
-    if resuming and run.master and not c["eval_only"]:
+    if resuming and run.master and not c["eval_only"] and not run.keeps_earlier_run:
         dropped = trim_log(run.out_dir / "log.jsonl", run.start_iter)
         if dropped:
             run.say(f"dropped {dropped} record(s) past iteration {run.start_iter} from log.jsonl: steps after the "

@@ -116,6 +116,27 @@ def test_double_fault_resumes_exactly(second, reference, tmp_path, data_dir, one
     assert_same_run(out, reference)
 
 
+@pytest.mark.slow
+def test_a_new_run_stopped_between_its_first_shards_and_its_ckpt_pt_resumes_with_its_own_log(
+        reference, tmp_path, data_dir, one_process_group, monkeypatch):  # noqa: F811
+    """A new FSDP run over an earlier run's out_dir, killed after its first shards were committed but
+    before its ckpt.pt and log: the resume continues the new run (the shards), and replaces the earlier
+    run's ckpt.pt, log and summary at its first save rather than appending to that run's log."""
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    earlier_log = set((out / "log.jsonl").read_text().splitlines())
+    other = dict(learning_rate=3e-3)  # another run, with other losses
+    with kill_after(monkeypatch, ("remove", OLD), at_iteration=2), pytest.raises(Killed):
+        sharded_run(tmp_path, data_dir, **other)
+    new_run = load_train_state(out)["run_id"]
+    assert load_train_state(out)["iter_num"] == 2 and load_checkpoint(out)["run_id"] != new_run
+    sharded_run(tmp_path, data_dir, **other, init_from="resume")
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    # the new run's records from the resume on (those it held before its first save went with the kill)
+    assert not {json.dumps(r) for r in log} & earlier_log and [r["iter"] for r in log[:3]] == [3, 4, 4]
+    assert load_checkpoint(out)["run_id"] == new_run == json.loads((out / "summary.json").read_text())["run_id"]
+
+
 def snapshot(folder):
     return {p.relative_to(folder): hashlib.sha1(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
 
