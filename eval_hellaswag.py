@@ -438,6 +438,9 @@ def check_writable(output):
     if output.is_dir():
         raise HellaSwagError(f"the results file --output={output} is a folder: name a file in it")
     existed = output.exists()
+    if existed and not is_results_file(output):  # a checkpoint, the data file: never overwritten
+        raise HellaSwagError(f"--output={output} exists and is not a results file of eval_hellaswag.py, which "
+                             f"would replace it: name another file")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         with open(output, "a", encoding="utf-8"):
@@ -447,6 +450,17 @@ def check_writable(output):
                              f"pass --output with a writable path") from None
     if not existed:
         output.unlink()
+
+
+def is_results_file(path, max_bytes=1 << 20):
+    """Whether path holds the results JSON an earlier evaluation wrote (small, with its accuracies and settings)."""
+    try:
+        if path.stat().st_size > max_bytes:
+            return False
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(results, dict) and {"acc", "n", "settings"} <= results.keys()
 
 
 def report(results, output):

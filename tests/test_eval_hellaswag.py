@@ -509,6 +509,26 @@ def test_an_unwritable_output_fails_before_evaluating(tmp_path, hellaswag_file, 
     assert not evaluated
 
 
+def test_an_output_that_is_not_an_earlier_results_file_is_never_overwritten(tmp_path, hellaswag_file, capsys):
+    """--output naming the checkpoint or the data file (a slip of the tab key) would lose them."""
+    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
+    hellaswag_copy = tmp_path / "hs.jsonl"
+    hellaswag_copy.write_bytes(hellaswag_file.read_bytes())
+    for precious in (tmp_path / "ckpt.pt", hellaswag_copy):
+        before = precious.read_bytes()
+        assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_copy), "--output", str(precious),
+                        "--no_progress", "--limit", "2"]) == 1
+        err = capsys.readouterr().err
+        assert err == f"error: --output={precious} exists and is not a results file of eval_hellaswag.py, which " \
+                      f"would replace it: name another file\n"
+        assert precious.read_bytes() == before
+    results = tmp_path / "r.json"  # an earlier evaluation's results are replaced, as a rerun expects
+    for limit in ("1", "2"):
+        assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_copy), "--output", str(results),
+                        "--no_progress", "--limit", limit]) == 0
+    assert json.loads(results.read_text())["n"] == 2
+
+
 def test_a_failed_write_keeps_the_printed_results(tmp_path, hellaswag_file, capsys, monkeypatch):
     save_char_checkpoint(tiny_gpt("standard"), tmp_path)
     output = tmp_path / "r.json"
