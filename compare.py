@@ -103,6 +103,7 @@ def check_args(parser, args, train_overrides):
         parser.error(f"config file {args.config} does not exist")
     if args.launcher:
         check_launcher(parser, args.launcher)
+    check_out_dir(parser, Path(args.out_dir))
     args.budget = None
     for match, flag in BUDGET_FLAGS.items():
         value = getattr(args, flag)
@@ -127,6 +128,15 @@ def check_args(parser, args, train_overrides):
         if args.learning_rates and key in ("learning_rate", "min_lr"):
             parser.error(f"{override!r}: with --learning_rates, each run's learning_rate and min_lr are set from "
                          f"the list (min_lr at the config's ratio to learning_rate)")
+
+
+def check_out_dir(parser, out_dir):
+    """An --out_dir under a file is refused before the plan, not at the first run's folder."""
+    existing = out_dir.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        parser.error(f"--out_dir={out_dir}: {existing} is a file, not a folder; choose another --out_dir")
 
 
 def check_launcher(parser, launcher):

@@ -176,12 +176,18 @@ def read_config_file(path, defaults=DEFAULT_CONFIG, config_so_far=None):
     follow another (`min_lr = learning_rate / 10`). Names with a leading underscore, modules, functions
     and classes are the file's own helpers, not settings."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder: name a config file, e.g. config/quickstart.py")
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
     before = dict(defaults if config_so_far is None else config_so_far)
     namespace = dict(before)
     try:
-        exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+        tree = compile(path.read_text(encoding="utf-8"), str(path), "exec", ast.PyCF_ONLY_AST)
+        _refuse_bare_annotations(tree, path)
+        exec(compile(tree, str(path), "exec"), namespace)
+    except ConfigError:
+        raise
     except Exception as e:  # a typo, a name it does not define, a failing import: one line, not a traceback
         raise ConfigError(f"config file {path}{_line_of(e, path)}: {type(e).__name__}: {e}") from None
     settings = {}
@@ -195,6 +201,16 @@ def read_config_file(path, defaults=DEFAULT_CONFIG, config_so_far=None):
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
     return settings
+
+
+def _refuse_bare_annotations(tree, path):
+    """`max_iters: 3` (YAML's way) is a Python annotation that sets nothing: the run would silently take
+    the default."""
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and node.value is None:
+            raise ConfigError(f"config file {path}, line {node.lineno}: `{ast.unparse(node)}` is a type annotation "
+                              f"and sets nothing; config files are Python: write "
+                              f"`{ast.unparse(node.target)} = {ast.unparse(node.annotation)}`")
 
 
 def _line_of(error, path):

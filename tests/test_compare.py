@@ -311,6 +311,18 @@ def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, messag
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not out_dir.exists()
 
 
+def test_an_out_dir_under_a_file_is_refused_before_the_plan(tiny_run, capsys):
+    config, out_dir = tiny_run
+    a_file = out_dir.parent / "a_file"
+    a_file.write_text("x")
+    for given in (a_file, a_file / "sweep"):
+        with pytest.raises(SystemExit):
+            compare.main([str(config), f"--out_dir={given}"])
+        assert capsys.readouterr().err == (f"error: --out_dir={given}: {a_file} is a file, not a folder; choose "
+                                           f"another --out_dir (python compare.py --help lists the options)\n")
+    assert a_file.read_text() == "x"
+
+
 def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run, capsys):
     config, out_dir = tiny_run
     bad, foreign = out_dir.parent / "hellaswag.jsonl", out_dir.parent / "foreign.jsonl"

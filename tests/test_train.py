@@ -139,6 +139,20 @@ def test_config_file_errors(tmp_path):
     failing.write_text("n_layer = (4\n")
     with pytest.raises(T.ConfigError, match=r"failing.py, line 1: SyntaxError"):
         T.get_config([str(failing)])
+    with pytest.raises(T.ConfigError, match=f"config file {tmp_path} is a folder: name a config file"):
+        T.get_config([str(tmp_path)])
+
+
+def test_a_yaml_style_line_is_an_error_not_a_silent_default(tmp_path):
+    """`max_iters: 3` is a Python annotation that sets nothing: the run would take max_iters=600000."""
+    config = tmp_path / "config.py"
+    config.write_text("batch_size = 2\nlearning_rate: float = 1e-3\nmax_iters: 3\n")
+    with pytest.raises(T.ConfigError) as err:
+        T.get_config([str(config)])
+    assert str(err.value) == (f"config file {config}, line 3: `max_iters: 3` is a type annotation and sets nothing; "
+                              f"config files are Python: write `max_iters = 3`")
+    config.write_text("batch_size = 2\nlearning_rate: float = 1e-3\n")  # an annotation with a value sets it
+    assert T.get_config([str(config)])["learning_rate"] == 1e-3
 
 
 def test_train_dict_is_checked_too(tmp_path, data_dir):
