@@ -166,3 +166,25 @@ def choose_vocab_size(c, meta, max_token, data_dir):
             f"{max_token}, so vocab_size must be at least {max_token + 1}"
         )
     return vocab_size
+
+
+
+def check_same_tokens(saved_meta, meta, data_dir, source):
+    """A resume must read the token ids its checkpoint learned: the same tokenizer and, for characters,
+    the same characters in the same order (a dataset of as many other characters would train on, and
+    sample, other text with no error)."""
+    if not saved_meta:
+        return  # a checkpoint from before meta was saved: nothing to compare
+    ours, theirs = saved_meta.get("tokenizer"), meta["tokenizer"]
+    if ours != theirs:
+        names = {"gpt2": "GPT-2 BPE", "char": "character"}
+        difference = f"it was trained on {names.get(ours, ours)} tokens, {data_dir} holds {names.get(theirs, theirs)} ones"
+    elif saved_meta.get("chars") != meta.get("chars"):
+        a, b = saved_meta.get("chars") or "", meta.get("chars") or ""
+        i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        difference = (f"its {len(a)} characters and the {len(b)} of {data_dir} differ from id {i} on "
+                      f"({a[i:i + 8]!r} against {b[i:i + 8]!r}), so its ids would spell other text")
+    else:
+        return
+    raise DataError(f"cannot resume from {source}: {difference}. Resume on the data it was trained on, or train "
+                    f"on this data in another out_dir")

@@ -41,7 +41,7 @@ import distributed
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, first_non_finite, load_checkpoint,
                         load_resume_checkpoint, load_weights, resume_hint, save_checkpoint)
 from configurator import DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config
-from data import Batches, DataError, check_data, choose_vocab_size, config_data_dir
+from data import Batches, DataError, check_data, check_same_tokens, choose_vocab_size, config_data_dir
 from launcher import LaunchError, launch, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from runlog import RunLog, read_summary, trim_log, write_summary
@@ -146,6 +146,7 @@ def train(config, verbose=True):
         checkpoint = None
         if c["init_from"] == "resume":
             checkpoint = load_resume_checkpoint(out_dir, model_args, sharded=ddp and c["parallelism"] == "fsdp")
+            check_same_tokens(checkpoint.get("meta"), meta, data_dir, checkpoint["source"])
             # a GPT-2 fine-tune's are OpenAI's; dropout is the config's, as no weight depends on it
             model_args = {key: checkpoint["model_args"][key] for key in model_args} | {"dropout": c["dropout"]}
     except (DataError, CheckpointError) as e:

@@ -26,7 +26,7 @@ from conftest import REPO, VARIANTS
 from faults import nan_after_step
 from model import GPT
 from prepare_char import prepare
-from tokenizer import write_meta
+from tokenizer import read_meta, write_meta
 
 TEXT = "".join(
     random.Random(0).choice(["the cat sat. ", "a dog ran! ", "\n", "to be or not to be? ", "ok, "])
@@ -298,6 +298,21 @@ def test_a_missing_dataset_names_the_command_that_makes_it(data_dir, command):
         T.check_data(data_dir, block_size=8)
     assert str(err.value).startswith(f"data folder {data_dir} not found: prepare the dataset first")
     assert command in str(err.value)
+
+
+def test_a_resume_on_as_many_other_characters_is_refused(tmp_path, data_dir, capsys):
+    """The vocabulary sizes agree, so the weights load; but each id would stand for another character."""
+    T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)
+    other = tmp_path / "other"
+    prepare(TEXT.replace("e", "\u00e9"), other, "other text")  # one character swapped for one not in TEXT
+    assert read_meta(other)["vocab_size"] == read_meta(data_dir)["vocab_size"]
+    before = (tmp_path / "out" / CHECKPOINT_NAME).read_bytes()
+    cfg = tiny(tmp_path, other, max_iters=4, init_from="resume")
+    assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot resume from {tmp_path / 'out' / CHECKPOINT_NAME}: its ") and err.count("\n") == 1
+    assert "characters and the" in err and f"of {other} differ from id " in err and "Resume on the data" in err
+    assert (tmp_path / "out" / CHECKPOINT_NAME).read_bytes() == before
 
 
 def swap_first_two_chars(meta):
