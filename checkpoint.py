@@ -9,6 +9,7 @@ A checkpoint is a dict of plain data and tensors:
     iter_num, best_val_loss, config, rng, meta (the dataset's meta.json, so the tokenizer travels along)
 """
 
+import argparse
 import fcntl
 import os
 import pickle
@@ -269,8 +270,16 @@ def add_model_arguments(parser):
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="auto: bfloat16 on a GPU that computes it natively, float16 on an older GPU, "
                         "float32 on CPU")
-    parser.add_argument("--threads", type=int, default=0,
+    parser.add_argument("--threads", type=thread_count, default=0,
                         help="torch threads on CPU (0 = the cores other processes leave free)")
+
+
+def thread_count(text):
+    """argparse type of --threads: 0 (follow the free cores) or a positive count."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (the cores other processes leave free) or a number "
+                                         f"of threads")
+    return int(text)
 
 
 def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):

@@ -171,7 +171,12 @@ def parse_args():
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:
         parser.error(str(e))
-    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    try:
+        args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        parser.error(f"--batch_sizes={args.batch_sizes}: give comma-separated whole numbers, e.g. 12,16,32")
+    if min(args.batch_sizes) < 1 or args.repeats < 1 or args.vocab_size < 1 or (args.warmup or 0) < 0:
+        parser.error("--batch_sizes, --repeats and --vocab_size must be at least 1, and --warmup at least 0")
     args.shapes = args.shapes.split(",")
     if unknown := set(args.shapes) - set(SHAPES):
         parser.error(f"unknown shapes {sorted(unknown)}; choose among {', '.join(SHAPES)}")

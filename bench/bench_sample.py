@@ -59,6 +59,8 @@ def parse_args():
                         help="torch.set_num_threads; 1 by default: batch-1 decoding is a chain of small ops, and on "
                              "a 2-core VM 2 threads were 1.5-3.5x slower than 1 (0 = torch's choice)")
     args = parser.parse_args()
+    if min(args.max_new_tokens, args.prompt_tokens, args.repeats) < 1 or args.threads < 0:
+        parser.error("--max_new_tokens, --prompt_tokens and --repeats must be at least 1, and --threads at least 0")
     try:
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:

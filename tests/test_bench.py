@@ -183,6 +183,20 @@ def test_bench_model_steps_nanogpt_and_every_variant(tmp_path):
         assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters())), name
 
 
+@pytest.mark.parametrize("script, args, message", [
+    ("bench_sample.py", ["--repeats=0"], "--repeats must be at least 1"),
+    ("bench_sample.py", ["--max_new_tokens=-1"], "--max_new_tokens, --prompt_tokens and --repeats must be at least 1"),
+    ("bench_sample.py", ["--threads=-1"], "--threads at least 0"),
+    ("bench_model.py", ["--batch_sizes=12,abc"], "--batch_sizes=12,abc: give comma-separated whole numbers"),
+    ("bench_model.py", ["--batch_sizes=0"], "--batch_sizes, --repeats and --vocab_size must be at least 1"),
+    ("bench_model.py", ["--warmup=-1"], "--warmup at least 0"),
+])
+def test_bench_arguments_out_of_range_are_one_error_line(script, args, message):
+    result = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 def test_bench_model_prints_each_batch_size_before_the_next_starts(monkeypatch, capsys):
     """A job stopped at its time limit keeps the batch sizes already measured."""
     monkeypatch.setitem(bench_model.SHAPES, "tiny", dict(n_layer=1, n_head=2, n_embd=16, block_size=8))

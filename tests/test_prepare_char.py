@@ -137,6 +137,14 @@ def test_input_and_the_stdlib_corpus_together_are_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_max_chars_without_the_stdlib_corpus_is_refused(tmp_path, capsys):
+    src = tmp_path / "text.txt"
+    src.write_text("some text\n" * 20)
+    assert P.main([f"--input={src}", "--max_chars=50", f"--out_dir={tmp_path / 'out'}"]) == 1
+    assert "--max_chars cuts the stdlib corpus only" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_folder_as_input_is_named_a_folder(tmp_path, capsys):
     assert P.main([f"--input={tmp_path}", f"--out_dir={tmp_path / 'out'}"]) == 1
     assert "is a folder" in one_error_line(capsys)

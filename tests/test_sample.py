@@ -115,6 +115,14 @@ def test_compile_is_a_flag_or_nanogpts_true_false(args, compile):
     assert sample.parse_args(args).compile is compile
 
 
+@pytest.mark.parametrize("value", ["-1", "two"])
+def test_threads_takes_zero_or_a_count(value, capsys):
+    with pytest.raises(SystemExit):
+        sample.parse_args([f"--threads={value}"])
+    assert f"'{value}': give 0 (the cores other processes leave free) or a number of threads" in capsys.readouterr().err
+    assert sample.parse_args(["--threads=0"]).threads == 0 and sample.parse_args(["--threads=3"]).threads == 3
+
+
 def test_compile_refuses_other_words(capsys):
     with pytest.raises(SystemExit):
         sample.parse_args(["--compile=yes"])
