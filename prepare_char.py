@@ -165,8 +165,8 @@ def prepare_from_args(args):
     if args.input and args.corpus == "stdlib":  # which corpus, and which default out_dir, would be a guess
         raise PrepareError(f"--input={args.input} and --corpus=stdlib name two texts: give one of them")
     if args.max_chars and args.corpus != "stdlib":  # not silently ignored: the whole text would be prepared
-        raise PrepareError(f"--max_chars cuts the stdlib corpus only (--corpus=stdlib); to prepare part of a text, "
-                           f"give --input a file holding that part")
+        raise PrepareError("--max_chars cuts the stdlib corpus only (--corpus=stdlib); to prepare part of a text, "
+                           "give --input a file holding that part")
     if args.input:
         text = read_text_file(args.input)
         source = f"file:{Path(args.input).name}"
