@@ -31,7 +31,9 @@ The .bin files grow under temporary names and are renamed once complete, and met
 before they are touched and written last, so a folder with a meta.json holds a complete dataset.
 """
 import argparse
+import gzip
 import hashlib
+import json
 import itertools
 import math
 import os
@@ -303,7 +305,29 @@ def describe(err):
 
 def load_failed(source, split, err):
     hint = "" if source.local else " (no local file or folder has that name either)"
-    return PrepareError(f"could not load split {split!r} of {source.description}{hint}: {describe(err)}")
+    return PrepareError(f"could not load split {split!r} of {source.description}{hint}: {describe(err)}"
+                        f"{first_bad_json_line(source)}")
+
+
+def first_bad_json_line(source):
+    """"; first bad line: FILE, line N (...)" for a local JSON-lines source whose reading failed (the error
+    of datasets counts rows of its own blocks, not the file's lines); "" when no such line is found."""
+    if not source.local or source.builder != "json":
+        return ""
+    for name in itertools.chain.from_iterable(source.options["data_files"].values()):
+        lines = name.endswith((".jsonl", ".jsonl" + COMPRESSED))  # a .json file may also be one document
+        try:
+            with (gzip.open if name.endswith(COMPRESSED) else open)(name, "rt", encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        json.loads(line)
+                        lines = True  # a line that is a whole record: JSON lines, as C4's .json.gz
+        except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+            if lines:
+                return f"; first bad line: {name}, line {number} ({e})"
+        except OSError:  # a damaged gzip: the error above says so
+            return ""
+    return ""
 
 
 def check_text_column(column_names, features, text_column, description):
@@ -413,7 +437,7 @@ def open_stream(source, split, text_column):
     if first is None:
         raise no_text(description, 0, text_column)
     check_text_column(list(first), stream.features, text_column, description)
-    texts = checked_texts(itertools.chain([first], batches), text_column, description)
+    texts = checked_texts(itertools.chain([first], batches), text_column, description, source)
     num_empty = 0
     for batch in texts:
         if any(has_text(batch)):
@@ -422,7 +446,7 @@ def open_stream(source, split, text_column):
     raise no_text(description, num_empty, text_column)
 
 
-def checked_texts(batches, text_column, description):
+def checked_texts(batches, text_column, description, source):
     """The text column of each batch; errors while reading become PrepareErrors that say where."""
     documents = 0
     while True:
@@ -431,7 +455,8 @@ def checked_texts(batches, text_column, description):
         except StopIteration:
             return
         except Exception as err:  # malformed JSON in a later file, a dropped connection, ...
-            raise PrepareError(f"could not read {description} after {documents:,} documents: {describe(err)}") from err
+            raise PrepareError(f"could not read {description} after {documents:,} documents: {describe(err)}"
+                               f"{first_bad_json_line(source)}") from err
         texts = batch.get(text_column)
         if texts is None:
             raise PrepareError(f"{description}: no column {text_column!r} after {documents:,} documents")

@@ -225,7 +225,8 @@ BAD_INPUTS = {  # case: (make the --dataset path in tmp, what the message says)
                       "a text file, one document per paragraph.*: 1 non-empty document.* at least 2 documents"),
     "empty folder": (lambda tmp: write_text_folder(tmp / "corpus", []), "holds no"),
     "mixed file types": (mixed_folder, "mixes file types"),
-    "malformed json": (lambda tmp: write_file(tmp / "c.jsonl", '{"text": "a"}\n{oops\n'), "could not load"),
+    "malformed json": (lambda tmp: write_file(tmp / "c.jsonl", '{"text": "a"}\n{oops\n'),
+                       r"could not load.*; first bad line: .*c\.jsonl, line 2 \(Expecting property name"),
     "csv": (lambda tmp: write_file(tmp / "c.csv", "text\na\n"), "unsupported file type"),
 }
 
@@ -585,7 +586,10 @@ def test_unreadable_data_later_in_the_stream_stops_the_run_cleanly(tmp_path, mon
     shard = folder / "en" / "c4-train.00001-of-00002.json.gz"
     with gzip.open(shard, "at", encoding="utf-8") as file:
         file.write('{"text": "cut off in the middle of a reco\n')
-    with pytest.raises(PrepareError, match=r"could not read split 'train' of .* after \d+ documents"):
+    with gzip.open(shard, "rt", encoding="utf-8") as file:
+        lines = len(file.read().splitlines())  # the cut-off record is the last
+    with pytest.raises(PrepareError, match=rf"could not read split 'train' of .* after \d+ documents.*; first bad "
+                                           rf"line: .*c4-train\.00001-of-00002\.json\.gz, line {lines} "):
         prepare(str(folder), tmp_path / "out", val_split="validation", streaming=True)
     assert os.listdir(tmp_path / "out") == []
 
