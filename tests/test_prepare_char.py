@@ -129,19 +129,15 @@ def test_a_negative_max_chars_is_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_input_and_the_stdlib_corpus_together_are_refused(tmp_path, capsys):
+@pytest.mark.parametrize("option, message", [
+    ("--corpus=stdlib", "name two texts: give one of them"),  # which text, and which default out_dir?
+    ("--max_chars=50", "--max_chars cuts the stdlib corpus only"),  # not silently ignored
+])
+def test_options_that_do_not_go_with_input_are_refused(tmp_path, capsys, option, message):
     src = tmp_path / "text.txt"
     src.write_text("some text\n" * 20)
-    assert P.main([f"--input={src}", "--corpus=stdlib", f"--out_dir={tmp_path / 'out'}"]) == 1
-    assert "name two texts: give one of them" in one_error_line(capsys)
-    assert not (tmp_path / "out").exists()
-
-
-def test_max_chars_without_the_stdlib_corpus_is_refused(tmp_path, capsys):
-    src = tmp_path / "text.txt"
-    src.write_text("some text\n" * 20)
-    assert P.main([f"--input={src}", "--max_chars=50", f"--out_dir={tmp_path / 'out'}"]) == 1
-    assert "--max_chars cuts the stdlib corpus only" in one_error_line(capsys)
+    assert P.main([f"--input={src}", option, f"--out_dir={tmp_path / 'out'}"]) == 1
+    assert message in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
 
 
