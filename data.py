@@ -168,7 +168,6 @@ def choose_vocab_size(c, meta, max_token, data_dir):
     return vocab_size
 
 
-
 def check_same_tokens(saved_meta, meta, data_dir, source):
     """A resume must read the token ids its checkpoint learned: the same tokenizer and, for characters,
     the same characters in the same order (a dataset of as many other characters would train on, and

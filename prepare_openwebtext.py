@@ -33,8 +33,8 @@ before they are touched and written last, so a folder with a meta.json holds a c
 import argparse
 import gzip
 import hashlib
-import json
 import itertools
+import json
 import math
 import os
 import re
