@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import CheckpointError, add_model_arguments, load_model_and_tokenizer
+from checkpoint import add_model_arguments, load_model_and_tokenizer
 from generate import check_sampling
 from runtime import CpuThreads, autocast_context, resolve_device, resolve_dtype, synchronize
-from tokenizer import TokenizerUnavailableError
 
 
 class SampleError(RuntimeError):
@@ -143,10 +142,9 @@ def main(argv=None):
             temperature=args.temperature, top_k=args.top_k or None, device=device, dtype=dtype,
             use_kv_cache=not args.no_kv_cache, compile=args.compile,
         )
-    except (CheckpointError, TokenizerUnavailableError, SampleError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except (RuntimeError, ValueError) as e:  # pretrained weights unreachable, invalid generate() arguments
+    # our errors (CheckpointError, TokenizerUnavailableError, SampleError) are RuntimeErrors, as is pretrained
+    # weights out of reach; a ValueError is an argument generate() refuses, an OSError a file that cannot be read
+    except (RuntimeError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 
