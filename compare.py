@@ -271,8 +271,7 @@ def main(argv=None):
         print(describe_plan(args, plan, budgets), flush=True)
         summaries = sweep.run_sweep(plan, args.launcher)
     except sweep.SweepInterrupted as e:
-        print(f"stopped by {e}: the running train.py saved its checkpoint; rerun the same command to continue "
-              f"(finished runs are skipped, the interrupted one resumes)", file=sys.stderr)
+        print(f"stopped by {e}; rerun the same command to continue (finished runs are skipped)", file=sys.stderr)
         return 130
     except (sweep.SweepError, sweep.RunFailed) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -286,7 +285,8 @@ def main(argv=None):
             return code
     else:
         markdown = report()
-    print(f"\n{markdown}\nwrote {out_dir / 'results.md'}, {out_dir / 'results.json'} and the plots beside them")
+    plots = " and the plots beside them" if frontier.pyplot() else ""  # else write_report said they were skipped
+    print(f"\n{markdown}\nwrote {out_dir / 'results.md'}, {out_dir / 'results.json'}{plots}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """
 Sample text from a trained checkpoint (any attention variant) or from OpenAI's GPT-2 weights.
 
-    python sample.py --out_dir out-shakespeare-char --start "ROMEO:" --num_samples 3
+    python sample.py --out_dir out-shakespeare-char --start "ROMEO:" --num_samples 3   # -cpu for the CPU config's
     python sample.py --out_dir out/ckpt.pt --start FILE:prompt.txt --max_new_tokens 200 --top_k 50
     python sample.py --init_from gpt2 --start "The meaning of life is"    # needs transformers + network once
 

@@ -53,7 +53,8 @@ class RunFailed(RuntimeError):
 
 
 class SweepInterrupted(RuntimeError):
-    """A SIGINT/SIGTERM stopped the sweep after the running train.py saved its checkpoint."""
+    """A SIGINT/SIGTERM stopped the sweep once the running train.py had stopped; the message names the
+    signal and what that run kept (its checkpoint, or none: a signal while train.py starts up ends it)."""
 
 
 # -----------------------------------------------------------------------------
@@ -175,7 +176,7 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
         with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
             code = forwarder.run(train_command(launcher, train_args), stdout=log, stderr=subprocess.STDOUT)
         if forwarder.received:
-            raise SweepInterrupted(forwarder.received)
+            raise SweepInterrupted(f"{forwarder.received}: the timing probe of {variant} was stopped, and runs again")
         if code != 0:
             raise RunFailed(f"the timing probe of {variant} failed with exit code {code}; see {probe_dir / 'probe.log'}")
         summary = read_json(probe_dir / SUMMARY_NAME)
@@ -296,7 +297,7 @@ class SignalForwarder:
 
     def run(self, command, **popen_args):
         if self.received:
-            raise SweepInterrupted(self.received)
+            raise SweepInterrupted(f"{self.received}, before the next run started")
         # in the sweep's own working directory: a relative config, data_dir or hellaswag_file names the
         # same file for train.py as for the plan
         self.process = subprocess.Popen(command, start_new_session=True, **popen_args)
@@ -396,6 +397,7 @@ def train_once(run, status, launcher, forwarder):
     command = train_command(launcher, args)
     print(shell_join(command), flush=True)
     written_before = file_version(run.run_dir / SUMMARY_NAME)
+    checkpoint_before = file_version(run.run_dir / CHECKPOINT_NAME)
     code = forwarder.run(command)
     # an earlier segment's summary is none of this process's: it wrote none ("nothing to train")
     fresh = file_version(run.run_dir / SUMMARY_NAME) not in (None, written_before)
@@ -404,7 +406,7 @@ def train_once(run, status, launcher, forwarder):
     if summary is not None and (code == 0 or diverged):
         record_run(run, segments + [{key: summary[key] for key in SEGMENT_KEYS}])
     if forwarder.received:
-        raise SweepInterrupted(forwarder.received)
+        raise SweepInterrupted(f"{forwarder.received}: {what_was_kept(run, checkpoint_before)}")
     if diverged:
         print(f"{run.describe()} diverged: a result of the learning-rate sweep, which goes on", flush=True)
     elif code != 0:
@@ -413,6 +415,16 @@ def train_once(run, status, launcher, forwarder):
     else:
         check_finished(run, summary)
     return summary
+
+
+def what_was_kept(run, checkpoint_before):
+    """Where the rerun takes up a run whose train.py a forwarded signal stopped: it saved a checkpoint,
+    or the signal came before its first save (while train.py started up, say)."""
+    if file_version(run.run_dir / CHECKPOINT_NAME) not in (None, checkpoint_before):
+        return f"{run.describe()} saved its checkpoint, and resumes from it"
+    if checkpoint_before is not None:
+        return f"{run.describe()} stopped before it saved, and resumes from its earlier checkpoint"
+    return f"{run.describe()} stopped before its first checkpoint, and starts again"
 
 
 def check_finished(run, summary):

@@ -10,6 +10,7 @@ import subprocess
 import shlex
 import shutil
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import configurator
 import frontier
 import sweep
 import train
+from checkpoint import CHECKPOINT_NAME
 from conftest import REPO
 from eval_hellaswag import evaluate_checkpoint
 from model import GPT, GPTConfig
@@ -95,12 +97,15 @@ def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
     settings = dict(configurator.parse_override(word) for word in shlex.split(command) if word.startswith("--"))
     assert settings["attention"] == "standard" and settings["seed"] == 0 and settings["max_iters"] == 6
     assert settings["out_dir"] == str(out_dir.resolve() / "standard-seed0")
+    last_line = f"wrote {out_dir.resolve() / 'results.md'}, {out_dir.resolve() / 'results.json'}"
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         assert "loss.png and frontier.png skipped" in out
+        assert out.endswith(f"\n{last_line}\n")  # no plots claimed
     else:
         assert (out_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert out.endswith(f"\n{last_line} and the plots beside them\n")
 
 
 def test_several_seeds_report_mean_and_spread(tiny_run):
@@ -749,6 +754,35 @@ def test_a_finished_checkpoint_whose_summary_was_lost_is_an_error_until_its_fold
     assert compare.main(argv) == 0 and json.loads(path.read_text())["stop_reason"] == "max_iters"
 
 
+def test_a_ctrl_c_before_the_first_checkpoint_says_the_run_starts_again(tiny_run, capsys):
+    """The Ctrl-C reaches compare.py while its train.py is still starting up (importing torch, say), so
+    that run saves nothing: the message must not claim a checkpoint."""
+    config, out_dir = tiny_run
+    starting = config.parent / "starting_up.py"  # stands for a train.py that has not begun: it sends the
+    starting.write_text("import os, signal, sys, time\n"  # Ctrl-C until compare.py passes one on to it
+                        "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"
+                        "while True:\n"
+                        "    os.kill(os.getppid(), signal.SIGINT)\n"
+                        "    time.sleep(0.5)\n")
+    launcher = f"--launcher={shlex.quote(sys.executable)} {shlex.quote(str(starting))}"
+    assert compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", launcher]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["stopped by SIGINT: efficient at 1x2x16, seed 0 stopped before its first checkpoint, and starts "
+                   "again; rerun the same command to continue (finished runs are skipped)"]
+
+
+def test_where_a_stopped_run_takes_up_follows_its_checkpoint(tmp_path):
+    run = SimpleNamespace(run_dir=tmp_path, describe=lambda: "efficient at 1x2x16, seed 0")
+    assert sweep.what_was_kept(run, None).endswith("stopped before its first checkpoint, and starts again")
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"first")
+    earlier = sweep.file_version(tmp_path / CHECKPOINT_NAME)
+    assert sweep.what_was_kept(run, earlier).endswith("stopped before it saved, and resumes from its earlier checkpoint")
+    os.replace(tmp_path / CHECKPOINT_NAME, tmp_path / "earlier.pt")  # keeps the inode alive: a new one follows
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"second")  # as save_checkpoint replaces it
+    assert sweep.what_was_kept(run, earlier).endswith("saved its checkpoint, and resumes from it")
+    assert sweep.what_was_kept(run, None).endswith("saved its checkpoint, and resumes from it")
+
+
 def test_a_timing_probe_whose_train_py_alone_was_stopped_is_an_error(tiny_run, capsys):
     config, out_dir = tiny_run
     assert compare.main([str(config), "--variants=efficient", "--reference=efficient", "--match=time",
@@ -785,7 +819,9 @@ def test_an_interrupted_sweep_finishes_on_rerun_without_repeating_a_run(tiny_run
             sweep.send_signal(signal.SIGINT)
             break
     output = sweep.communicate(timeout=120)[0]
-    assert sweep.returncode == 130 and "rerun the same command to continue" in output
+    assert sweep.returncode == 130
+    assert ("stopped by SIGINT: efficient at 1x1x16, seed 0 saved its checkpoint, and resumes from it; rerun the "
+            "same command to continue" in output)
     runs = [run.as_dict() for run in plan(config, out_dir, *argv[1:])[0]]
     first, second = (out_dir / runs[k]["size"] / f"{runs[k]['variant']}-seed0" for k in (0, 1))
     first_summary = (first / "summary.json").read_text()

@@ -293,7 +293,8 @@ def test_bad_data_stops_before_training_with_the_reason(tmp_path, case, match):
     ("/scratch/mine", "with --out_dir=/scratch/mine: python prepare_char.py for characters, "
                       "python prepare_openwebtext.py for GPT-2 BPE"),
 ])
-def test_a_missing_dataset_names_the_command_that_makes_it(data_dir, command):
+def test_a_missing_dataset_names_the_command_that_makes_it(data_dir, command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the checkout, where a user may have made data/stdlib_char already
     with pytest.raises(T.DataError) as err:
         T.check_data(data_dir, block_size=8)
     assert str(err.value).startswith(f"data folder {data_dir} not found: prepare the dataset first")
