@@ -758,8 +758,9 @@ def test_a_ctrl_c_before_the_first_checkpoint_says_the_run_starts_again(tiny_run
     """The Ctrl-C reaches compare.py while its train.py is still starting up (importing torch, say), so
     that run saves nothing: the message must not claim a checkpoint."""
     config, out_dir = tiny_run
-    starting = config.parent / "starting_up.py"  # stands for a train.py that has not begun: it sends the
-    starting.write_text("import os, signal, sys, time\n"  # Ctrl-C until compare.py passes one on to it
+    # stands for a train.py that has not begun: it sends the Ctrl-C until compare.py passes one on to it
+    starting = config.parent / "starting_up.py"
+    starting.write_text("import os, signal, sys, time\n"
                         "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"
                         "while True:\n"
                         "    os.kill(os.getppid(), signal.SIGINT)\n"
