@@ -7,6 +7,7 @@ A checkpoint is a dict of plain data and tensors:
     model           the model's state_dict (never with torch.compile's "_orig_mod." prefix)
     optimizer       the optimizer's state_dict (training checkpoints only)
     iter_num, best_val_loss, config, rng, meta (the dataset's meta.json, so the tokenizer travels along)
+A checkpoint NanoGPT's train.py wrote loads for sampling and scoring too (its model_args are a subset).
 """
 
 import argparse
@@ -24,7 +25,8 @@ from atomic import atomic_file
 from configurator import MODEL_ARG_KEYS
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from runtime import DTYPES
-from tokenizer import GPT2Tokenizer, read_meta, tokenizer_from_meta
+from tokenizer import (META_FILENAME, NANOGPT_META_FILENAME, GPT2Tokenizer, read_meta, read_nanogpt_meta,
+                       tokenizer_from_meta)
 
 CHECKPOINT_NAME = "ckpt.pt"
 LOG_NAME = "log.jsonl"  # beside the checkpoint: one JSON record per logged step, evaluation, HellaSwag run
@@ -191,7 +193,9 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
         raise CheckpointError(f"{path} is not a checkpoint of this repo: it lacks {sorted(missing)}")
     if not isinstance(checkpoint["model_args"], dict):
         raise CheckpointError(f"{path} is not a checkpoint of this repo: its model_args is not a dict")
-    checkpoint["model_args"].setdefault("gelu_approximate", "tanh")  # the only GELU before the option existed
+    # this repo's checkpoints from before the option had GPT-2's tanh GELU; NanoGPT's own (no attention
+    # variant in their model_args) the exact one
+    checkpoint["model_args"].setdefault("gelu_approximate", "tanh" if "attention" in checkpoint["model_args"] else "none")
     for field in fields(GPTConfig):  # options added later default to what the model was before them
         checkpoint["model_args"].setdefault(field.name, field.default)
     return checkpoint
@@ -246,17 +250,21 @@ def model_from_checkpoint(checkpoint, device="cpu"):
 
 
 def checkpoint_meta(checkpoint):
-    """The dataset meta.json dict of a checkpoint: its "meta" entry, else data_dir/meta.json from its
-    training config, else None (the caller decides what that means)."""
+    """The dataset meta dict of a checkpoint: its "meta" entry, else the meta.json of the dataset folder
+    its training config names (data_dir, or NanoGPT's data/<dataset>), or NanoGPT's meta.pkl there
+    (a checkpoint NanoGPT trained), else None (the caller decides what that means)."""
     meta = checkpoint.get("meta")
     if meta:
         return meta
-    data_dir = (checkpoint.get("config") or {}).get("data_dir")
+    config = checkpoint.get("config") or {}
+    dataset = config.get("dataset")
+    data_dir = config.get("data_dir") or (Path("data") / dataset if isinstance(dataset, str) and dataset else None)
     if data_dir:
-        candidates = [Path(data_dir), Path(__file__).resolve().parent / data_dir]
-        for candidate in candidates:
-            if (candidate / "meta.json").is_file():
+        for candidate in (Path(data_dir), Path(__file__).resolve().parent / data_dir):
+            if (candidate / META_FILENAME).is_file():
                 return read_meta(candidate)
+            if (candidate / NANOGPT_META_FILENAME).is_file():
+                return read_nanogpt_meta(candidate)
     return None
 
 
@@ -303,13 +311,14 @@ def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
     try:
         meta = checkpoint_meta(checkpoint)
     except (ValueError, FileNotFoundError) as e:
-        raise CheckpointError(f"checkpoint {out_dir}: its dataset's meta.json is unusable: {e}") from e
+        raise CheckpointError(f"checkpoint {out_dir}: its dataset's tokenizer metadata is unusable: {e}") from e
     if meta is None:
         if model.config.vocab_size < 50257:
             raise CheckpointError(
-                f"checkpoint {out_dir} carries no tokenizer metadata (no 'meta' entry and no readable "
-                f"config['data_dir']/meta.json), and its vocab_size={model.config.vocab_size} is too small for "
-                f"GPT-2 BPE: put the dataset's meta.json where config['data_dir'] points"
+                f"checkpoint {out_dir} carries no tokenizer metadata (no 'meta' entry, and no meta.json or "
+                f"NanoGPT's meta.pkl in config['data_dir'] or data/<config['dataset']>), and its "
+                f"vocab_size={model.config.vocab_size} is too small for GPT-2 BPE: put the dataset's meta.json "
+                f"where config['data_dir'] points"
             )
         print(f"note: {out_dir} has no tokenizer metadata; assuming GPT-2 BPE (vocab_size={model.config.vocab_size})",
               file=sys.stderr)

@@ -7,9 +7,10 @@ Sample text from a trained checkpoint (any attention variant) or from OpenAI's G
 
 The attention variant and the model's shape come from the checkpoint; the tokenizer (character-level
 or GPT-2 BPE) from the dataset's meta.json, which the checkpoint carries under "meta" (older
-checkpoints: read from config["data_dir"]). Generation uses the model's KV cache unless
---no_kv_cache is given; --compile decodes through torch.compile (on a GPU, a CUDA graph per token:
-worth its warm-up for long generations). The tokens/s of the whole run are printed at the end.
+checkpoints: read from config["data_dir"]; NanoGPT's own: its data/<dataset>/meta.pkl). Generation
+uses the model's KV cache unless --no_kv_cache is given; --compile decodes through torch.compile (on
+a GPU, a CUDA graph per token: worth its warm-up for long generations). The tokens/s of the whole run
+are printed at the end.
 """
 import argparse
 import sys

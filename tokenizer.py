@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,7 @@ EOT_TOKEN = 50256  # GPT-2's <|endoftext|>, written after every document
 GPT2_VOCAB_SIZE = 50257
 TOKEN_DTYPE = np.uint16  # every id of both tokenizers fits in 16 bits, halving the files
 META_FILENAME = "meta.json"
+NANOGPT_META_FILENAME = "meta.pkl"  # what NanoGPT's data/shakespeare_char/prepare.py writes instead
 
 # tiktoken downloads r50k_base from this address and caches it under the SHA-1 of the address.
 # r50k_base is the GPT-2 encoding under another name: same ranks, split pattern and <|endoftext|>.
@@ -199,6 +201,30 @@ def read_meta(data_dir):
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from None
+    _check_meta(meta, str(path))
+    return meta
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Reads dicts, strings and numbers only: a pickle that names a class or function (which loading
+    would call) is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"it names {module}.{name}, and only plain data is read")
+
+
+def read_nanogpt_meta(data_dir):
+    """NanoGPT's character-level data_dir/meta.pkl ({"vocab_size", "itos", "stoi"}) as a meta dict of
+    this repo's, so that checkpoints NanoGPT trained can be sampled and scored here."""
+    path = Path(data_dir) / NANOGPT_META_FILENAME
+    try:
+        with open(path, "rb") as f:
+            nanogpt_meta = _PlainDataUnpickler(f).load()
+        chars = "".join(nanogpt_meta["itos"][i] for i in range(nanogpt_meta["vocab_size"]))
+    except Exception as e:  # unpickling fails in many ways (EOFError, KeyError, TypeError, ...); each means the same
+        raise ValueError(f"{path} is not NanoGPT's character-level meta.pkl: {type(e).__name__}: {e}") from None
+    meta = {"tokenizer": "char", "vocab_size": nanogpt_meta["vocab_size"], "chars": chars,
+            "tokens": {"train": 0, "val": 0}}  # counts NanoGPT does not record
     _check_meta(meta, str(path))
     return meta
 

@@ -1,5 +1,7 @@
 """sample.py: sampling from checkpoints of every variant, both tokenizers, and its error messages."""
+import collections
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -9,7 +11,7 @@ import torch
 
 from conftest import REPO, VARIANTS, needs_bpe, needs_compiler
 import sample
-from checkpoint import save_checkpoint
+from checkpoint import load_model_and_tokenizer, save_checkpoint
 from model import GPT, GPTConfig
 
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -88,6 +90,52 @@ def test_meta_from_the_training_data_dir(tmp_path, capsys):
     code, out, err = run(capsys, "--out_dir", tmp_path, "--start", "Hi", "--max_new_tokens", 5, "--num_samples", 1)
     assert code == 0, err
     assert out.startswith("Hi")
+
+
+def write_nanogpt_checkpoint(folder):
+    """A checkpoint as NanoGPT's train.py writes one: its seven model_args (no attention variant), the exact
+    GELU, compiled keys, a tensor best_val_loss, and config['dataset'] instead of a data_dir or meta."""
+    torch.manual_seed(0)
+    model_args = dict(n_layer=2, n_head=2, n_embd=16, block_size=32, bias=False, vocab_size=len(CHARS), dropout=0.0)
+    model = GPT(GPTConfig(**model_args))  # NanoGPT's GPT: the same modules and names as standard attention here
+    state = {f"_orig_mod.{key}": value for key, value in model.state_dict().items()}
+    folder.mkdir(parents=True)
+    torch.save({"model": state, "optimizer": {}, "model_args": model_args, "iter_num": 5,
+                "best_val_loss": torch.tensor(1.5), "config": {"dataset": "shakespeare_char", "batch_size": 12}},
+               folder / "ckpt.pt")
+    return model
+
+
+def write_nanogpt_meta(data_dir, meta=None):
+    """data_dir/meta.pkl as NanoGPT's data/shakespeare_char/prepare.py writes it."""
+    data_dir.mkdir(parents=True)
+    meta = meta or {"vocab_size": len(CHARS), "itos": dict(enumerate(CHARS)), "stoi": {c: i for i, c in enumerate(CHARS)}}
+    with open(data_dir / "meta.pkl", "wb") as f:
+        pickle.dump(meta, f)
+
+
+def test_a_checkpoint_nanogpt_trained_samples_with_its_meta_pkl(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # NanoGPT's data/<dataset> is relative to where it ran
+    reference = write_nanogpt_checkpoint(tmp_path / "out-nanogpt")
+    write_nanogpt_meta(tmp_path / "data" / "shakespeare_char")
+    model, tokenizer, _ = load_model_and_tokenizer("resume", "out-nanogpt")
+    assert model.config.gelu_approximate == "none" and model.config.attention == "standard"  # NanoGPT's GELU
+    idx = torch.tensor([tokenizer.encode("ROMEO:")])
+    assert torch.equal(model(idx)[0], reference.eval()(idx)[0])
+    code, out, err = run(capsys, "--out_dir", "out-nanogpt", "--start", "ROMEO:", "--num_samples", 1,
+                         "--max_new_tokens", 20)
+    assert code == 0, err
+    assert out.startswith("ROMEO:") and set(out.split("---------------")[0]) <= set(CHARS)
+
+
+def test_a_meta_pkl_that_holds_more_than_plain_data_is_refused_unread(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_nanogpt_checkpoint(tmp_path / "out-nanogpt")
+    write_nanogpt_meta(tmp_path / "data" / "shakespeare_char",
+                       {"vocab_size": len(CHARS), "itos": collections.OrderedDict(enumerate(CHARS))})
+    code, out, err = run(capsys, "--out_dir", "out-nanogpt")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "meta.pkl is not NanoGPT's character-level meta.pkl: UnpicklingError: it names collections.OrderedDict" in err
 
 
 @pytest.mark.parametrize("args, message", [
