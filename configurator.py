@@ -304,3 +304,10 @@ def _check_model(c):
                                  f"{GPT2_CONTEXT} tokens, so fine-tune them at block_size <= {GPT2_CONTEXT}")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+if __name__ == "__main__":  # run as a script, or exec'd into one: NanoGPT's exec(open('configurator.py').read())
+    raise SystemExit("error: configurator.py is a module here, and exec'ing it (NanoGPT's idiom) would apply no "
+                     "override: in a script of your own, `from configurator import get_config` and "
+                     "`config = get_config(sys.argv[1:])` give the training config (defaults, config files, then "
+                     "--key=value), or get_config(sys.argv[1:], defaults=your_settings) with your own defaults")

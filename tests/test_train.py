@@ -93,6 +93,16 @@ def test_config_file_then_overrides(tmp_path):
     assert config["n_layer"] == 5 and config["learning_rate"] == 2e-4
 
 
+def test_nanogpts_exec_of_configurator_is_refused_not_ignored():
+    """A script written for NanoGPT (its bench.py, say) exec's configurator.py to apply the command line to
+    its globals; here that would apply nothing, so it stops and says what to call instead."""
+    script = "batch_size = 12\nexec(open('configurator.py').read())\nprint('ran with', batch_size)"
+    result = subprocess.run([sys.executable, "-c", script, "--batch_size=32"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("error: configurator.py is a module here") and "get_config(sys.argv[1:])" in result.stderr
+    assert T.get_config(["--batch_size=32"], defaults={"batch_size": 12, "note": "x"}) == {"batch_size": 32, "note": "x"}
+
+
 def test_a_config_file_reads_the_config_so_far(tmp_path):
     """As in NanoGPT: a file sees the defaults, earlier files and earlier overrides, so one key can follow
     another; what it leaves alone stays as set before it."""
