@@ -556,7 +556,8 @@ class GPT(nn.Module):
         """Matmul FLOPs per token (a multiply-add is 2), forward and, by default, backward (twice the
         forward). Per layer, the attention variant's own count (CausalSelfAttention.flops_per_token)
         and the MLP's (16 d^2 for GPT-2's, 6 d ffn for SwiGLU); plus the output head 2 d V. NanoGPT's
-        6N + 12 L d T agrees for standard, optimized and efficient; it misses super's W^A V."""
+        6N + 12 L d T agrees for standard, optimized and efficient, up to the biases and norm gains its N
+        counts as well (a fraction of a percent); it misses super's W^A V."""
         cfg = self.config
         T = cfg.block_size if seq_len is None else seq_len
         d = cfg.n_embd
