@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import math
 import os
 import re
 import sys
@@ -304,8 +305,8 @@ def score_example(example, scored, nanogpt_index, harness_index, char_lengths):
     hsums = None
     if harness_index is not None:
         hsums = [scored[j][0] for j in harness_index]
-        # an ending that preprocesses to nothing would divide by zero; count it as one character
-        preds["acc_char_norm"] = _argmax([s / max(c, 1) for s, c in zip(hsums, char_lengths)])
+        # an ending that preprocesses to nothing ("[step]") divides by zero in the harness: -inf, never chosen
+        preds["acc_char_norm"] = _argmax([s / c if c else -math.inf for s, c in zip(hsums, char_lengths)])
         preds["acc_harness"] = _argmax(hsums)
     return {
         "line": example.get("_line"), "label": example["label"], "pred": preds,

@@ -150,6 +150,17 @@ def test_evaluate_scores_in_eval_mode_and_leaves_the_mode_it_found(hellaswag_fil
     assert model.training_at_calls == [False] * 4
 
 
+def test_an_ending_the_harness_cleans_to_nothing_is_never_its_char_norm_choice():
+    """The harness divides its log-likelihood by 0 characters: -inf, whatever the model's score."""
+    ex = example(["[step]", "Rinse it well and dry it.", "x y z", "q"], 1)
+    _, _, lengths = eh.harness_texts(ex)
+    assert lengths[0] == 0
+    scored = [(-0.1, 1), (-30.0, 6), (-20.0, 3), (-9.0, 1)]  # the empty ending is the likeliest by far
+    result = eh.score_example(ex, scored, [0, 1, 2, 3], [0, 1, 2, 3], lengths)
+    assert result["pred"]["acc_char_norm"] == 1  # -30/25 beats -20/5 and -9/1; the empty ending takes no part
+    assert result["pred"]["acc_harness"] == 0
+
+
 def test_harness_preprocessing():
     ex = example(
         ["[step] Scrub  it well.", "Rinse [title] Dry it.", " dry ", "x"], 0,
