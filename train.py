@@ -545,7 +545,7 @@ def save(run, reason, evaluated):
     if run.fsdp:  # collectives: every rank writes its shards, then the whole model is gathered on rank 0
         distributed.write_shards(run.raw_model, run.optimizer, run.out_dir)
         state = {"model": distributed.full_model_state(run.raw_model), "sharded": distributed.SHARDED_NAME}
-    run.keeps_earlier_run = False  # on every rank: from here on, out_dir is this run's
+    replaces_earlier_run, run.keeps_earlier_run = run.keeps_earlier_run, False  # on every rank: out_dir is this run's
     if not run.master:
         return
     ckpt = {"model_args": run.model_args, **state, "iter_num": run.iter_num, "evaluated": evaluated,
@@ -553,15 +553,31 @@ def save(run, reason, evaluated):
     if run.scaler.is_enabled():
         ckpt["scaler"] = run.scaler.state_dict()
     t = time.time()
-    if run.fsdp:  # the shards become the resume point, with the training state beside them; ckpt.pt follows
-        distributed.commit_shards(run.out_dir, {k: v for k, v in ckpt.items() if k != "model"})
-    save_checkpoint(ckpt, run.out_dir / CHECKPOINT_NAME)
+    try:
+        if run.fsdp:  # the shards become the resume point, with the training state beside them; ckpt.pt follows
+            distributed.commit_shards(run.out_dir, {k: v for k, v in ckpt.items() if k != "model"})
+        save_checkpoint(ckpt, run.out_dir / CHECKPOINT_NAME)
+    except OSError as e:  # a full disk, a folder gone or made read-only: the writes above leave the last one whole
+        raise CheckpointError(unsaved(run, reason, e, replaces_earlier_run)) from e
     if not run.fsdp and distributed.remove_shards(run.out_dir):
         run.say(f"removed {run.out_dir / distributed.SHARDED_NAME}, an earlier FSDP run's checkpoint, which this "
                 f"one replaces")
     run.log.write_held_records()  # the earlier run's log, if any, is replaced with its checkpoint
     run.say(f"saved checkpoint to {run.out_dir / CHECKPOINT_NAME} at iteration {run.iter_num} "
             f"({reason}, {time.time() - t:.2f}s)")
+
+
+def unsaved(run, reason, error, replaces_earlier_run):
+    """The error of a save the disk refused: what out_dir still holds, and how to go on."""
+    path = run.out_dir / CHECKPOINT_NAME
+    if not path.exists():
+        kept, then = "this run has no checkpoint yet", "start the run again"
+    elif replaces_earlier_run:
+        kept, then = f"{path} is still the earlier run's, as it was", "start the run again"
+    else:
+        kept, then = f"{path}, this run's last checkpoint, is as it was", "continue from it with --init_from=resume"
+    return (f"could not save the {reason} checkpoint at iteration {run.iter_num}: {error}; {kept}. Make room (or fix "
+            f"the folder), then {then}")
 
 
 def run_hellaswag(run):

@@ -2,6 +2,7 @@
 
 Everything runs on CPU with tiny models; the in-process runs take well under a second each."""
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -1012,6 +1013,44 @@ def test_nan_loss_from_command_line_exits_with_message(tmp_path, data_dir, monke
     cfg = tiny(tmp_path, data_dir, max_iters=3, eval_interval=100)
     assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
     assert "iteration 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, failing_save, kept", [
+    ("this run's", 2, "out/ckpt.pt, this run's last checkpoint, is as it was. Make room (or fix the folder), then "
+                      "continue from it with --init_from=resume"),
+    ("none", 1, "this run has no checkpoint yet. Make room (or fix the folder), then start the run again"),
+    ("an earlier run's", 1, "out/ckpt.pt is still the earlier run's, as it was. Make room (or fix the folder), then "
+                            "start the run again"),
+])
+def test_a_full_disk_at_a_save_is_one_error_line_and_keeps_the_last_checkpoint(case, failing_save, kept, tmp_path,
+                                                                                 data_dir, monkeypatch, capsys):
+    out = tmp_path / "out"
+    if case == "an earlier run's":
+        T.train(tiny(tmp_path, data_dir, max_iters=2, eval_interval=2), verbose=False)
+    kept_files = (CHECKPOINT_NAME, "log.jsonl", "summary.json")
+    before = {name: (out / name).read_bytes() for name in kept_files if (out / name).exists()}
+    real_save, saves = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        saves.append(f)
+        if len(saves) == failing_save:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(tmp_path, data_dir, out_dir="out", max_iters=8, eval_interval=4)
+    assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
+    err = capsys.readouterr().err
+    iteration = 4 * failing_save
+    assert err == (f"error: could not save the evaluation checkpoint at iteration {iteration}: [Errno 28] No space "
+                   f"left on device; {kept}\n")
+    assert not list(out.glob("*.tmp"))
+    if case == "this run's":
+        assert load_checkpoint(out)["iter_num"] == 4
+    else:
+        assert {name: (out / name).read_bytes() for name in before} == before
+        assert (out / CHECKPOINT_NAME).exists() == (case == "an earlier run's")
 
 
 def test_sigint_finishes_the_step_and_saves(tmp_path, data_dir, monkeypatch):
