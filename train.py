@@ -621,6 +621,9 @@ def main(argv=None):
     except (ConfigError, DataError, CheckpointError, NonFiniteLossError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
+    except OSError as e:  # the log or summary on a disk that filled up, say: a checkpoint is written whole or not at all
+        print(f"error: {e}; the last checkpoint saved in out_dir, if any, is whole", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -27,6 +27,7 @@ from conftest import REPO, VARIANTS
 from faults import nan_after_step
 from model import GPT
 from prepare_char import prepare
+from runlog import RunLog
 from tokenizer import read_meta, write_meta
 
 TEXT = "".join(
@@ -1051,6 +1052,23 @@ def test_a_full_disk_at_a_save_is_one_error_line_and_keeps_the_last_checkpoint(c
     else:
         assert {name: (out / name).read_bytes() for name in before} == before
         assert (out / CHECKPOINT_NAME).exists() == (case == "an earlier run's")
+
+
+def test_a_full_disk_at_a_log_write_is_one_error_line(tmp_path, data_dir, monkeypatch, capsys):
+    real_write, records = RunLog.write, []
+
+    def write(self, record):
+        records.append(record)
+        if len(records) == 7:  # after the save at iteration 4
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        real_write(self, record)
+
+    monkeypatch.setattr(RunLog, "write", write)
+    cfg = tiny(tmp_path, data_dir, max_iters=8, eval_interval=4)
+    assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
+    assert capsys.readouterr().err == (f"error: [Errno 28] No space left on device: '{tmp_path / 'out' / 'log.jsonl'}'; "
+                                       f"the last checkpoint saved in out_dir, if any, is whole\n")
+    assert load_checkpoint(tmp_path / "out")["iter_num"] == 4
 
 
 def test_sigint_finishes_the_step_and_saves(tmp_path, data_dir, monkeypatch):
