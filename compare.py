@@ -276,15 +276,21 @@ def main(argv=None):
     except (sweep.SweepError, sweep.RunFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+
     def report():
         return write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir)
 
-    if args.hellaswag_file:
-        code, markdown = score_hellaswag(args, plan, summaries, report, out_dir)
-        if code:
-            return code
-    else:
-        markdown = report()
+    try:
+        if args.hellaswag_file:
+            code, markdown = score_hellaswag(args, plan, summaries, report, out_dir)
+            if code:
+                return code
+        else:
+            markdown = report()
+    except OSError as e:  # a full disk, say: only the tables are missing
+        print(f"error: writing the results: {e}; every run is finished and kept, so the same command, rerun, "
+              f"writes them without training", file=sys.stderr)
+        return 1
     plots = " and the plots beside them" if frontier.pyplot() else ""  # else write_report said they were skipped
     print(f"\n{markdown}\nwrote {out_dir / 'results.md'}, {out_dir / 'results.json'}{plots}")
     return 0

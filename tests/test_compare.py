@@ -1,6 +1,7 @@
 """compare.py, sweep.py and frontier.py: budgets resolved to iterations, scaled schedules, the resumable sweep,
 the fit of loss against compute, the tables and the optional plots."""
 
+import errno
 import json
 import math
 import os
@@ -106,6 +107,23 @@ def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
     else:
         assert (out_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert out.endswith(f"\n{last_line} and the plots beside them\n")
+
+
+def test_a_full_disk_at_the_tables_is_one_error_line_and_a_rerun_writes_them(tiny_run, capsys, monkeypatch):
+    config, out_dir = tiny_run
+    argv = [str(config), "--variants=efficient", f"--out_dir={out_dir}", "--max_iters=2"]
+
+    def full_disk(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(frontier, "write_text_atomic", full_disk)
+    assert compare.main(argv) == 1
+    assert capsys.readouterr().err == (f"error: writing the results: [Errno 28] No space left on device: "
+                                       f"'{out_dir.resolve() / 'results.md'}'; every run is finished and kept, so the "
+                                       f"same command, rerun, writes them without training\n")
+    monkeypatch.undo()
+    assert compare.main(argv) == 0
+    assert "finished already, skipped" in capsys.readouterr().out and (out_dir / "results.md").is_file()
 
 
 def test_several_seeds_report_mean_and_spread(tiny_run):
