@@ -128,8 +128,9 @@ def load_resume_checkpoint(out_dir, model_args, sharded=False):
                               f"ones ({details})")
     for key in ("iter_num", "rng") if sharded else ("optimizer", "iter_num", "rng"):
         if key not in checkpoint:
-            raise CheckpointError(f"cannot resume from {checkpoint['source']}: it has no {key!r} "
-                                  f"(not a training checkpoint)")
+            raise CheckpointError(f"cannot resume from {checkpoint['source']}: it has no {key!r}, so it is not a "
+                                  f"training checkpoint of this repo (one NanoGPT wrote samples and scores here, "
+                                  f"but does not resume)")
     return checkpoint
 
 

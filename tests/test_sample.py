@@ -11,7 +11,8 @@ import torch
 
 from conftest import REPO, VARIANTS, needs_bpe, needs_compiler
 import sample
-from checkpoint import load_model_and_tokenizer, save_checkpoint
+from checkpoint import (CheckpointError, load_checkpoint, load_model_and_tokenizer, load_resume_checkpoint,
+                        save_checkpoint)
 from model import GPT, GPTConfig
 
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -126,6 +127,14 @@ def test_a_checkpoint_nanogpt_trained_samples_with_its_meta_pkl(tmp_path, capsys
                          "--max_new_tokens", 20)
     assert code == 0, err
     assert out.startswith("ROMEO:") and set(out.split("---------------")[0]) <= set(CHARS)
+
+
+def test_a_checkpoint_nanogpt_trained_is_refused_for_resuming_saying_why(tmp_path):
+    write_nanogpt_checkpoint(tmp_path / "out-nanogpt")
+    checkpoint = load_checkpoint(tmp_path / "out-nanogpt")
+    with pytest.raises(CheckpointError, match="it has no 'rng', so it is not a training checkpoint of this repo "
+                                              r"\(one NanoGPT wrote samples and scores here, but does not resume\)"):
+        load_resume_checkpoint(tmp_path / "out-nanogpt", checkpoint["model_args"])
 
 
 def test_a_meta_pkl_that_holds_more_than_plain_data_is_refused_unread(tmp_path, capsys, monkeypatch):
