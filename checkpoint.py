@@ -23,6 +23,7 @@ import torch
 
 from atomic import atomic_file
 from configurator import MODEL_ARG_KEYS
+from data import config_data_dir
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from runtime import DTYPES
 from tokenizer import (META_FILENAME, NANOGPT_META_FILENAME, GPT2Tokenizer, read_meta, read_nanogpt_meta,
@@ -258,9 +259,8 @@ def checkpoint_meta(checkpoint):
     if meta:
         return meta
     config = checkpoint.get("config") or {}
-    dataset = config.get("dataset")
-    data_dir = config.get("data_dir") or (Path("data") / dataset if isinstance(dataset, str) and dataset else None)
-    if data_dir:
+    if config.get("data_dir") or config.get("dataset"):
+        data_dir = config_data_dir({"data_dir": config.get("data_dir"), "dataset": config.get("dataset")})
         for candidate in (Path(data_dir), Path(__file__).resolve().parent / data_dir):
             if (candidate / META_FILENAME).is_file():
                 return read_meta(candidate)
