@@ -3,6 +3,7 @@ variants, KV-cached and compiled generation, FLOP counts and input validation. T
 every variant in three shapes (conftest.SHAPES): GPT-2-style, Llama-style, and grouped-query standard."""
 
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -241,6 +242,42 @@ def test_sampling_float16_logits_at_a_small_temperature_is_greedy():
 
     logits = torch.tensor([[12.0, 11.5, -3.0, 5.0]], dtype=torch.float16)  # / 1e-4 overflows float16
     assert [sample_next(logits, temperature=1e-4).item() for _ in range(5)] == [0] * 5
+
+
+def ops_run(fn):
+    """The aten operators fn runs, by name and count, nested calls included (torch.profiler)."""
+    with torch.profiler.profile() as profile:
+        fn()
+    return Counter(event.name for event in profile.events() if event.name.startswith("aten::"))
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.8, 5)])
+def test_sampling_draws_torch_multinomial_tokens_without_reading_back_to_the_host(temperature, top_k):
+    from generate import sample_next
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 4
+    kept = logits / temperature if top_k is None else (logits / temperature).where(
+        logits >= logits.topk(top_k).values[:, -1:], float("-inf"))
+    for seed in range(5):
+        torch.manual_seed(seed)
+        expected, expected_next = torch.multinomial(F.softmax(kept, dim=-1), 1), torch.rand(1)
+        torch.manual_seed(seed)
+        assert torch.equal(sample_next(logits, temperature, top_k), expected)
+        assert torch.equal(torch.rand(1), expected_next)  # the same random numbers used up
+    # .item() on a GPU tensor waits for the GPU; torch.multinomial's checks did it twice a token
+    assert ops_run(lambda: sample_next(logits, temperature, top_k))["aten::item"] == 0
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_compiled_decoding_steps_run_no_fused_attention_kernel():
+    """Compiled steps use the math SDPA, which inductor writes as its own kernels for one query over the
+    masked cache; only the eager prompt pass (one per layer) calls a fused kernel."""
+    model, prompt = tiny_model("standard"), random_tokens(1, 3)
+    model.generate(prompt, 8, compile=True)
+    ops = ops_run(lambda: model.generate(prompt, 8, compile=True))
+    fused = sum(count for name, count in ops.items() if name.startswith("aten::_scaled_dot_product"))
+    assert fused == TINY["n_layer"], ops
 
 
 @pytest.mark.parametrize("attention, options", SHAPES)
