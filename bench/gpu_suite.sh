@@ -110,8 +110,11 @@ describe_machine() {
 # the stages
 
 stage_tests() {
-  # includes a torchrun --nproc_per_node=1 NCCL run that resumes to an uninterrupted run's parameters
-  run python -m pytest -q -rs tests/test_gpu.py
+  # includes a torchrun --nproc_per_node=1 NCCL run that resumes to an uninterrupted run's parameters;
+  # most of the time is compilation, on the CPU, so pytest-xdist's workers share it out where installed
+  local workers=()
+  if python -c 'import xdist' 2>/dev/null; then workers=(-n 6); fi
+  run python -m pytest -q -rs "${workers[@]}" tests/test_gpu.py
 }
 
 stage_sample() {
