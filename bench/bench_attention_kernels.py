@@ -31,12 +31,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.autograd import DeviceType
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from bench_train import header  # noqa: E402  (bench/ is on the path when run as a script)
+from profiling import short_kernel_name, time_by_name, traced_events  # noqa: E402
 from runtime import DTYPES, resolve_device_and_dtype, synchronize  # noqa: E402
 
 BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
@@ -144,25 +143,11 @@ def trace_rows(heads, d_k, rows, args):
 def traced_kernels(inputs, args):
     """(the backend that ran, named by its aten operator; the GPU kernels that took the most time, on
     CUDA) from a profiler trace of one step."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
-    with profile(activities=activities) as trace:
-        step(*inputs)
-        synchronize(args.device)
-    events = trace.events()
+    events = traced_events(lambda: step(*inputs), args.device)
     ran = [backend for e in events for prefix, backend in OPERATOR_PREFIXES.items() if e.name.startswith(prefix)]
-    kernel_us = {}
-    for e in events:
-        if e.device_type == DeviceType.CUDA:
-            kernel_us[e.name] = kernel_us.get(e.name, 0) + e.time_range.elapsed_us()
+    kernel_us = time_by_name(events, on_cuda=True)  # none on a CPU
     top = sorted(kernel_us, key=kernel_us.get, reverse=True)[:3]
     return (ran[0] if ran else "unknown"), [short_kernel_name(name) for name in top]
-
-
-def short_kernel_name(name, width=90):
-    """A CUDA kernel name without its return type and template arguments, at most `width` characters."""
-    name = re.sub(r"^void\s+", "", name)
-    name = re.sub(r"[<(].*", "", name)
-    return name if len(name) <= width else name[:width - 3] + "..."
 
 
 def bench_shape(heads, d_k, args):

@@ -14,6 +14,10 @@ GPU, else against a matmul peak measured here, in the dtype of the run.
 
 --nanogpt_dir adds NanoGPT's model.py (standard attention, its own code) as the first row, built
 with the same shape, dtype, compile setting and optimizer, so "ours vs NanoGPT" is one column.
+
+--profile then traces 3 steps of each model and prints, per batch size, where the step's time goes:
+the kernels that take the most time (on a CPU the aten operators, by their own time), in ms per
+step, one column per model, so a gap between two rows of the table above shows up as kernels.
 """
 
 import argparse
@@ -26,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from profiling import short_kernel_name, time_by_name, traced_events
 from runtime import (DTYPES, autocast_context, gpu_peak_flops, machine_name, resolve_device_and_dtype,
                      synchronize)
 
@@ -108,9 +113,39 @@ def time_round_robin(steps, args):
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}  # medians
 
 
+def profile_steps(steps, args, calls=3):
+    """Per model, ms per step by kernel (on a CPU by aten operator), from a trace of `calls` steps."""
+    on_cuda = args.device.startswith("cuda")
+    profiles = {}
+    for name, step in steps.items():
+        by_row = {}
+        for kernel, us in time_by_name(traced_events(step, args.device, calls), on_cuda).items():
+            # inductor names its Triton kernels by what they fuse, differently in every model: one row
+            row = "Triton kernels (inductor)" if kernel.startswith("triton_") else short_kernel_name(kernel, 60)
+            by_row[row] = by_row.get(row, 0) + us / calls / 1e3
+        profiles[name] = by_row
+    return profiles
+
+
+def print_profile(title, profiles, top=12):
+    """The kernels that take the most time in any model, as ms per step, one column per model."""
+    names = list(profiles)
+    rows = sorted(set().union(*profiles.values()), key=lambda r: -max(p.get(r, 0) for p in profiles.values()))
+    print(f"\n### where the step's time goes: {title}\n")
+    print("| kernel (CUDA) or operator (CPU), ms per step | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for row in rows[:top]:
+        print(f"| {row} | " + " | ".join(f"{profiles[n].get(row, 0):.3f}" for n in names) + " |")
+    rest = [sum(p.get(r, 0) for r in rows[top:]) for p in profiles.values()]
+    print("| everything else | " + " | ".join(f"{ms:.3f}" for ms in rest) + " |")
+    print("| total | " + " | ".join(f"{sum(p.values()):.3f}" for p in profiles.values()) + " |", flush=True)
+
+
 def bench(shape, batch, args, nanogpt, peak):
+    """The table's rows for one batch size, and with --profile each model's time by kernel (else None)."""
     models = build_models(shape, args, nanogpt)
-    medians = time_round_robin({name: make_step(model, batch, args) for name, model in models.items()}, args)
+    steps = {name: make_step(model, batch, args) for name, model in models.items()}
+    medians = time_round_robin(steps, args)
     T = shape["block_size"]
     rows = []
     for name, model in models.items():
@@ -120,10 +155,11 @@ def bench(shape, batch, args, nanogpt, peak):
         rows.append(dict(name=name, batch=batch, params=ours.get_num_params(non_embedding=False),
                          attention_params=ours.get_num_attention_params(), flops=flops, ms=medians[name] * 1e3,
                          tokens_per_s=tokens_per_s, mfu=flops * tokens_per_s / peak))
-    del models
+    profiles = profile_steps(steps, args) if args.profile else None  # after the timing: a profiler slows it
+    del models, steps
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return rows
+    return rows, profiles
 
 
 def print_progress(shape_name, rows):
@@ -166,6 +202,9 @@ def parse_args():
     parser.add_argument("--shapes", default="small,gpt2", help=f"comma-separated among {', '.join(SHAPES)}")
     parser.add_argument("--vocab_size", type=int, default=50257, help="50304 (padded) as NanoGPT trains GPT-2")
     parser.add_argument("--nanogpt_dir", default="", help="a NanoGPT checkout: time its model.py as well")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timing, trace 3 steps of each model: the time of each kernel (GPU) "
+                             "or aten operator (CPU), side by side")
     args = parser.parse_args()
     try:
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
@@ -200,8 +239,10 @@ def main():
         shape = SHAPES[name]
         rows = []
         for batch in args.batch_sizes:
-            batch_rows = bench(shape, batch, args, nanogpt, peak)
+            batch_rows, profiles = bench(shape, batch, args, nanogpt, peak)
             print_progress(name, batch_rows)
+            if profiles:
+                print_profile(f"{name}, batch {batch}", profiles)
             rows += batch_rows
         print_table(f"{name} ({shape['n_layer']}L, {shape['n_head']}H, d={shape['n_embd']}, T={shape['block_size']})", rows)
 

@@ -9,6 +9,7 @@
 #   step, step_large     the compiled bf16 train step of the four variants at 124M, batch 12,16 / 24,32,
 #                        against NanoGPT's model.py when NANOGPT_DIR is set
 #   step_eager           the same without torch.compile, batch 12
+#   step_profile         the compiled step at batch 12 again, then each model's time by GPU kernel (--profile)
 #   shakespeare_a, _b    compare.py on config/train_shakespeare_char.py: standard and optimized, then
 #                        efficient and super (and the table of all four once both halves are done)
 #   nanogpt_shakespeare  NanoGPT's own train.py on its config/train_shakespeare_char.py: best val loss, wall time
@@ -30,7 +31,7 @@
 # No stage reads the GPT-2 BPE: the 1B benchmarks train on random token ids, the rest on characters.
 set -euo pipefail
 
-STAGES=(tests sample step step_large step_eager shakespeare_a shakespeare_b nanogpt_shakespeare llama tinyllama resume)
+STAGES=(tests sample step step_profile step_large step_eager shakespeare_a shakespeare_b nanogpt_shakespeare llama tinyllama resume)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SHAKESPEARE_OUT=out-compare-shakespeare-gpu  # compare.py's folder for both halves (out*/ is git-ignored)
 RESUME_WORK=out-gpu-suite/resume
@@ -90,7 +91,7 @@ preflight() {
     shakespeare_a | shakespeare_b) need_cuda "$stage" && need_shakespeare "$stage" ;;
     nanogpt_shakespeare) need_cuda "$stage" && need_shakespeare "$stage" && need_nanogpt "$stage" \
       && { python -c 'import requests' 2>/dev/null || die "$stage: NanoGPT's prepare.py imports requests: pip install requests"; } ;;
-    step | step_large) need_cuda "$stage" && { [[ -z ${NANOGPT_DIR:-} || -f $NANOGPT_DIR/model.py ]] \
+    step | step_large | step_profile) need_cuda "$stage" && { [[ -z ${NANOGPT_DIR:-} || -f $NANOGPT_DIR/model.py ]] \
       || die "$stage: NANOGPT_DIR=$NANOGPT_DIR holds no model.py (a checkout of https://github.com/karpathy/nanoGPT)"; } ;;
     *) need_cuda "$stage" ;;
   esac
@@ -122,18 +123,20 @@ stage_sample() {
 }
 
 train_step_bench() {
-  local nanogpt=()
+  local batch_sizes=$1 nanogpt=()
+  shift
   if [[ -n ${NANOGPT_DIR:-} ]]; then
     nanogpt=(--nanogpt_dir="$NANOGPT_DIR")
   else
     echo "NANOGPT_DIR is not set: no NanoGPT row"
   fi
   run python bench/bench_model.py --device=cuda --compile --optimizer --shapes=gpt2 --vocab_size=50304 \
-    --batch_sizes="$1" --repeats=30 "${nanogpt[@]}"
+    --batch_sizes="$batch_sizes" "${nanogpt[@]}" "$@"
 }
 
-stage_step() { train_step_bench 12,16; }
-stage_step_large() { train_step_bench 24,32; }
+stage_step() { train_step_bench 12,16 --repeats=30; }
+stage_step_profile() { train_step_bench 12 --repeats=10 --profile; }
+stage_step_large() { train_step_bench 24,32 --repeats=30; }
 
 stage_step_eager() {
   run python bench/bench_model.py --device=cuda --optimizer --shapes=gpt2 --vocab_size=50304 \

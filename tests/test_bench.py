@@ -218,6 +218,34 @@ def test_bench_model_prints_each_batch_size_before_the_next_starts(monkeypatch, 
     assert "# tiny batch 2 standard: " in capsys.readouterr().out
 
 
+def test_bench_model_profile_puts_each_models_operators_side_by_side(monkeypatch, capsys):
+    monkeypatch.setitem(bench_model.SHAPES, "tiny", dict(n_layer=1, n_head=2, n_embd=16, block_size=8))
+    monkeypatch.setattr(bench_model, "measure_matmul_peak", lambda device, dtype: 1e11)
+    monkeypatch.setattr(sys, "argv", ["bench_model.py", "--shapes=tiny", "--batch_sizes=2", "--repeats=1",
+                                      "--vocab_size=64", "--optimizer", "--profile"])
+    bench_model.main()
+    out = capsys.readouterr().out
+    table = out[out.index("### where the step's time goes: tiny, batch 2"):].split("\n\n")[1].splitlines()
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    assert cells[0][1:] == list(ATTENTION_VARIANTS)  # a column per model
+    rows = {row[0]: [float(ms) for ms in row[1:]] for row in cells[2:]}
+    assert all(ms > 0 for ms in rows["aten::_fused_adamw_"])  # every model's optimizer step, on the CPU
+    shown = [sum(column) for column in zip(*(ms for row, ms in rows.items() if row != "total"))]
+    assert rows["total"] == pytest.approx(shown, abs=0.001 * len(rows))
+
+
+def test_bench_model_profile_groups_inductors_kernels(monkeypatch):
+    """Inductor's Triton kernels are one row (their names differ from model to model); other GPU kernels
+    keep their own names, without template arguments; times are ms per profiled step."""
+    kernel_us = {"triton_poi_fused_add_0": 900.0, "triton_red_fused_sum_1": 600.0,
+                 "void gemm_kernel<float, 128>(Params)": 3000.0}
+    monkeypatch.setattr(bench_model, "traced_events", lambda step, device, calls: None)
+    monkeypatch.setattr(bench_model, "time_by_name", lambda events, on_cuda: kernel_us)
+    args = SimpleNamespace(device="cuda")
+    profiles = bench_model.profile_steps({"standard": None, "super": None}, args, calls=3)
+    assert profiles["super"] == {"Triton kernels (inductor)": 0.5, "gemm_kernel": 1.0}
+
+
 FAKE_PYTHON = """#!/bin/bash
 # what the suite's commands would do on a GPU, in a blink: one stage hangs, one fails
 case "$*" in
