@@ -102,6 +102,20 @@ def test_compiled_decode_at_a_block_size_not_a_multiple_of_8(attention):
     assert torch.equal(model.generate(x, 60, top_k=1, compile=True), eager)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["standard", "super"])
+def test_compiled_decoding_never_waits_for_the_gpu(attention):
+    """The host queues a token's step while the GPU runs the last one: CUDA's sync debug mode raises at
+    any call that waits for the GPU (torch.multinomial's checks did, twice a token)."""
+    model, x = cuda_model(attention), prompt()
+    model.generate(x, 8, temperature=0.9, top_k=5, compile=True)  # compiles, and records the CUDA graph
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model.generate(x, 8, temperature=0.9, top_k=5, compile=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 # ----------------------------------------------------------------------------- training
 
 def train_losses(model, device, steps=3, compile=False):

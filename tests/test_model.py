@@ -268,6 +268,16 @@ def test_sampling_draws_torch_multinomial_tokens_without_reading_back_to_the_hos
     assert ops_run(lambda: sample_next(logits, temperature, top_k))["aten::item"] == 0
 
 
+@pytest.mark.parametrize("attention, options", SHAPES)
+def test_generation_never_reads_a_value_back_to_the_host(attention, options):
+    """On a GPU such a read (.item(), a tensor's truth value) waits for every kernel queued before it;
+    one a token keeps the host from queuing the next step while the GPU runs this one."""
+    model, prompt = tiny_model(attention, **options), random_tokens(2, 3)
+    for sampling in (dict(), dict(use_kv_cache=False), dict(temperature=0.8, top_k=3)):
+        ops = ops_run(lambda: model.generate(prompt, TINY["block_size"] + 4, **sampling))  # the window slides
+        assert ops["aten::_local_scalar_dense"] == 0, sampling
+
+
 @pytest.mark.slow
 @needs_compiler
 def test_compiled_decoding_steps_run_no_fused_attention_kernel():
@@ -278,6 +288,7 @@ def test_compiled_decoding_steps_run_no_fused_attention_kernel():
     ops = ops_run(lambda: model.generate(prompt, 8, compile=True))
     fused = sum(count for name, count in ops.items() if name.startswith("aten::_scaled_dot_product"))
     assert fused == TINY["n_layer"], ops
+    assert ops["aten::_local_scalar_dense"] == 0  # nor does the compiled loop read back to the host
 
 
 @pytest.mark.parametrize("attention, options", SHAPES)
