@@ -64,15 +64,18 @@ def setup():
     return True, rank, local_rank, world_size
 
 
-def init_process_group(backend):
+def init_process_group(backend, device):
     """Create the default process group, importing torch._dynamo first. DDP imports it anyway, and
     with it torch.distributed.nn.functional, whose functions take `group=group.WORLD` as a default
     argument: imported after the group exists, those defaults hold the group for the life of the
     process, destroy_process_group cannot free it, and gloo's threads still run while the
-    interpreter shuts down ("terminate called without an active exception", now and then, at exit)."""
+    interpreter shuts down ("terminate called without an active exception", now and then, at exit).
+    An NCCL group is bound to this rank's GPU (device_id), so that a barrier knows its device rather
+    than taking the current one with a warning at every run."""
     import torch._dynamo  # noqa: F401
 
-    dist.init_process_group(backend=backend)
+    on_gpu = backend == "nccl" and str(device).startswith("cuda")
+    dist.init_process_group(backend=backend, device_id=torch.device(device) if on_gpu else None)
 
 
 def teardown(run_state):

@@ -499,7 +499,7 @@ def parse_args(argv=None):
 def join_ranks(device):
     """Under torchrun: join the process group, each rank on its own GPU when the device is CUDA.
     Returns (rank, world_size, device)."""
-    import torch.distributed as dist
+    from distributed import init_process_group
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -507,7 +507,7 @@ def join_ranks(device):
     if use_cuda:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    init_process_group("nccl" if use_cuda else "gloo", device)
     return rank, world_size, device
 
 

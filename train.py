@@ -167,7 +167,7 @@ def train(config, verbose=True):
         if ddp:  # waits for every rank to join; a stop meanwhile ends the process (nothing trained or written yet)
             with signals.end_process():
                 distributed.init_process_group(c["backend"] if c["backend"] != "auto" else
-                                               ("nccl" if device.startswith("cuda") else "gloo"))
+                                               ("nccl" if device.startswith("cuda") else "gloo"), device)
         try:
             announce(run, n_tokens)
             build_run(run, checkpoint)

@@ -175,6 +175,7 @@ def test_torchrun_nccl_run_resumes(tmp_path):
         result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "1 process(es)" in result.stdout
+        assert "using the device under current context" not in result.stderr  # the group knows its GPU
         return torch.load(out_dir / "ckpt.pt", weights_only=True)
 
     straight = run(tmp_path / "straight")

@@ -730,6 +730,17 @@ def test_finished_ddp_runs_exit_0_every_time_with_no_gloo_thread_left(tmp_path, 
     assert not leftover  # destroy_process_group really ended the group, before the interpreter shut down
 
 
+def test_an_nccl_process_group_is_bound_to_its_ranks_gpu(monkeypatch):
+    """So that its barriers know their device (torch warns at every run where they must take the current one)."""
+    import distributed
+
+    joined = []
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **options: joined.append(options))
+    distributed.init_process_group("nccl", "cuda:1")
+    distributed.init_process_group("gloo", "cpu")
+    assert joined == [dict(backend="nccl", device_id=torch.device("cuda:1")), dict(backend="gloo", device_id=None)]
+
+
 # Two gloo ranks forked from one process, where the HellaSwag file can be read on rank 0 only (as a
 # file on one node of several would be): each prints what hellaswag_examples gave it and said.
 HELLASWAG_DRIVER = FORK_RANKS + textwrap.dedent("""
