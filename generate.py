@@ -45,8 +45,8 @@ def sample_next(logits, temperature=1.0, top_k=None):
         logits = torch.where(logits < kth_largest, float("-inf"), logits)
     probs = F.softmax(logits, dim=-1)
     # torch.multinomial(probs, 1) computed as torch.multinomial does it for one sample, so the same seed
-    # draws the same token, without its validity checks: those read two values back to the host at
-    # every token, which stalled compiled decoding on the GPU (a softmax's output always passes them)
+    # draws the same token, without its validity checks, which a softmax of finite logits always
+    # passes: they read two values back to the host at every token, which stalled decoding on the GPU
     exponential = torch.empty_like(probs).exponential_(1)
     return torch.argmax(probs / exponential, dim=-1, keepdim=True)
 
