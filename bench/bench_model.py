@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
-from profiling import short_kernel_name, time_by_name, traced_events
+from profiling import ms_by_row, print_time_table
 from runtime import (DTYPES, autocast_context, gpu_peak_flops, machine_name, resolve_device_and_dtype,
                      synchronize)
 
@@ -113,34 +113,6 @@ def time_round_robin(steps, args):
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}  # medians
 
 
-def profile_steps(steps, args, calls=3):
-    """Per model, ms per step by kernel (on a CPU by aten operator), from a trace of `calls` steps."""
-    on_cuda = args.device.startswith("cuda")
-    profiles = {}
-    for name, step in steps.items():
-        by_row = {}
-        for kernel, us in time_by_name(traced_events(step, args.device, calls), on_cuda).items():
-            # inductor names its Triton kernels by what they fuse, differently in every model: one row
-            row = "Triton kernels (inductor)" if kernel.startswith("triton_") else short_kernel_name(kernel, 60)
-            by_row[row] = by_row.get(row, 0) + us / calls / 1e3
-        profiles[name] = by_row
-    return profiles
-
-
-def print_profile(title, profiles, top=12):
-    """The kernels that take the most time in any model, as ms per step, one column per model."""
-    names = list(profiles)
-    rows = sorted(set().union(*profiles.values()), key=lambda r: -max(p.get(r, 0) for p in profiles.values()))
-    print(f"\n### where the step's time goes: {title}\n")
-    print("| kernel (CUDA) or operator (CPU), ms per step | " + " | ".join(names) + " |")
-    print("|---|" + "---:|" * len(names))
-    for row in rows[:top]:
-        print(f"| {row} | " + " | ".join(f"{profiles[n].get(row, 0):.3f}" for n in names) + " |")
-    rest = [sum(p.get(r, 0) for r in rows[top:]) for p in profiles.values()]
-    print("| everything else | " + " | ".join(f"{ms:.3f}" for ms in rest) + " |")
-    print("| total | " + " | ".join(f"{sum(p.values()):.3f}" for p in profiles.values()) + " |", flush=True)
-
-
 def bench(shape, batch, args, nanogpt, peak):
     """The table's rows for one batch size, and with --profile each model's time by kernel (else None)."""
     models = build_models(shape, args, nanogpt)
@@ -155,7 +127,9 @@ def bench(shape, batch, args, nanogpt, peak):
         rows.append(dict(name=name, batch=batch, params=ours.get_num_params(non_embedding=False),
                          attention_params=ours.get_num_attention_params(), flops=flops, ms=medians[name] * 1e3,
                          tokens_per_s=tokens_per_s, mfu=flops * tokens_per_s / peak))
-    profiles = profile_steps(steps, args) if args.profile else None  # after the timing: a profiler slows it
+    profiles = None
+    if args.profile:  # after the timing, which a profiler once started would slow
+        profiles = {name: ms_by_row(step, args.device, calls=3) for name, step in steps.items()}
     del models, steps
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -242,7 +216,7 @@ def main():
             batch_rows, profiles = bench(shape, batch, args, nanogpt, peak)
             print_progress(name, batch_rows)
             if profiles:
-                print_profile(f"{name}, batch {batch}", profiles)
+                print_time_table(f"where the step's time goes: {name}, batch {batch}", "step", profiles)
             rows += batch_rows
         print_table(f"{name} ({shape['n_layer']}L, {shape['n_head']}H, d={shape['n_embd']}, T={shape['block_size']})", rows)
 

@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from profiling import ms_by_row, print_time_table
 from runtime import DTYPES, autocast_context, machine_name, resolve_device_and_dtype, synchronize
 
 SIZES = {
@@ -55,6 +56,9 @@ def parse_args():
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on a GPU, fp32 on CPU")
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
+    parser.add_argument("--profile", action="store_true",
+                        help="then trace the fastest path once per variant: the time of each kernel (GPU) or "
+                             "aten operator (CPU) per token, side by side")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads; 1 by default: batch-1 decoding is a chain of small ops, and on "
                              "a 2-core VM 2 threads were 1.5-3.5x slower than 1 (0 = torch's choice)")
@@ -77,7 +81,12 @@ def bench_variant(size, variant, args):
     }
     if args.compile:
         speeds["compiled"] = tokens_per_second(model, prompt, args, compile=True)
-    return model.get_num_params() / 1e6, speeds
+    profile = None
+    if args.profile:  # the fastest path, after the timing (a profiler once started slows what follows)
+        with autocast_context(args.device, args.dtype):
+            profile = ms_by_row(lambda: model.generate(prompt, args.max_new_tokens, compile=args.compile),
+                                args.device, units=args.max_new_tokens)
+    return model.get_num_params() / 1e6, speeds, profile
 
 
 def main():
@@ -88,10 +97,10 @@ def main():
     where = machine_name(args.device)
     print(f"# torch {torch.__version__}, {where}, batch 1, prompt {args.prompt_tokens} tokens, "
           f"{args.max_new_tokens} new tokens, {args.dtype}, best of {args.repeats}", flush=True)
-    rows = []
+    rows, profiles = [], {}
     for size in args.sizes:
         for variant in args.variants:
-            params, speeds = bench_variant(size, variant, args)
+            params, speeds, profiles[size, variant] = bench_variant(size, variant, args)
             rows.append((size, variant, params, speeds))
             print(f"# {size} {variant}: {params:.1f}M params, "
                   + ", ".join(f"{k} {v:.1f} tok/s" for k, v in speeds.items()), flush=True)
@@ -103,6 +112,11 @@ def main():
     for size, variant, params, speeds in rows:
         cells = " | ".join(f"{speeds[c]:.1f}" for c in columns)
         print(f"| {size} | {variant} | {params:.1f}M | {cells} | {speeds[columns[-1]] / speeds['no cache']:.1f}x |")
+    if args.profile:
+        for size in args.sizes:
+            measured = " / ".join(f"{1e3 / speeds[columns[-1]]:.3f}" for s, _, _, speeds in rows if s == size)
+            print_time_table(f"where a token's time goes, {columns[-1]}: {size} (measured: {measured} ms per token)",
+                             "token", {variant: profiles[size, variant] for variant in args.variants})
 
 
 if __name__ == "__main__":

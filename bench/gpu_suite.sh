@@ -5,7 +5,7 @@
 #
 # Stages (docs/gpu.md, "Benchmarks on a GPU", says what each measures and how long it is expected to take):
 #   tests                the CUDA tests, tests/test_gpu.py (on a CPU too: they skip, saying why)
-#   sample               batch-1 sampling at 124M: no cache, KV cache, compiled (CUDA graphs)
+#   sample               batch-1 sampling at 124M: no cache, KV cache, compiled (CUDA graphs), and a profile
 #   step, step_large     the compiled bf16 train step of the four variants at 124M, batch 12,16 / 24,32,
 #                        against NanoGPT's model.py when NANOGPT_DIR is set
 #   step_eager           the same without torch.compile, batch 12
@@ -119,7 +119,7 @@ stage_tests() {
 }
 
 stage_sample() {
-  run python bench/bench_sample.py --device=cuda --compile --sizes 124M --repeats 3
+  run python bench/bench_sample.py --device=cuda --compile --sizes 124M --repeats 3 --profile
 }
 
 train_step_bench() {

@@ -1,8 +1,8 @@
 """
 Where a benchmark's step spends its time, read from a torch.profiler trace: on a GPU each kernel's
-time, on a CPU each aten operator's own time. Shared by bench_model.py and bench_attention_kernels.py.
-Profile after timing: the profiler leaves CUPTI's callbacks on after it stops, which slows every
-step timed after it.
+time, on a CPU each aten operator's own time. Shared by bench_model.py, bench_sample.py and
+bench_attention_kernels.py. Profile after timing: the profiler leaves CUPTI's callbacks on after it
+stops, which slows every step timed after it.
 """
 import re
 
@@ -42,3 +42,29 @@ def short_kernel_name(name, width=90):
     name = re.sub(r"^void\s+", "", name)
     name = re.sub(r"[<(].*", "", name)
     return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def ms_by_row(fn, device, calls=1, units=1):
+    """Milliseconds per unit of work (a step, a token: fn does `units` of them) by kernel on CUDA, by
+    aten operator on a CPU, over `calls` calls of fn. Inductor names its Triton kernels by what they
+    fuse, differently in every model, so they are one row."""
+    rows = {}
+    for name, us in time_by_name(traced_events(fn, device, calls), str(device).startswith("cuda")).items():
+        row = "Triton kernels (inductor)" if name.startswith("triton_") else short_kernel_name(name, 60)
+        rows[row] = rows.get(row, 0) + us / calls / units / 1e3
+    return rows
+
+
+def print_time_table(title, unit, columns, top=12):
+    """The rows that take the most time in any column ({column: ms_by_row's dict}), side by side, in ms
+    per unit; then the rest, and each column's total."""
+    names = list(columns)
+    rows = sorted(set().union(*columns.values()), key=lambda r: -max(c.get(r, 0) for c in columns.values()))
+    print(f"\n### {title}\n")
+    print(f"| kernel (CUDA) or operator (CPU), ms per {unit} | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for row in rows[:top]:
+        print(f"| {row} | " + " | ".join(f"{columns[n].get(row, 0):.3f}" for n in names) + " |")
+    print("| everything else | " + " | ".join(f"{sum(c.get(r, 0) for r in rows[top:]):.3f}" for c in columns.values())
+          + " |")
+    print("| total | " + " | ".join(f"{sum(c.values()):.3f}" for c in columns.values()) + " |", flush=True)

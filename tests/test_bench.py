@@ -25,7 +25,9 @@ from model import ATTENTION_VARIANTS
 sys.path.insert(0, str(REPO / "bench"))
 import bench_attention_kernels  # noqa: E402
 import bench_model  # noqa: E402
+import bench_sample  # noqa: E402
 import bench_train  # noqa: E402
+import profiling  # noqa: E402
 
 CONFIG = "config/train_llama1b_efficient_c4.py"
 # the paper's 1B config shrunk (--smoke: 1 layer, d 64, block 32, batch 2, no compile), 3 iterations
@@ -218,32 +220,59 @@ def test_bench_model_prints_each_batch_size_before_the_next_starts(monkeypatch, 
     assert "# tiny batch 2 standard: " in capsys.readouterr().out
 
 
+def record_time_tables(monkeypatch, module):
+    """The {column: {row: ms}} of every time table `module` prints, as it prints them."""
+    tables, print_table = [], module.print_time_table
+
+    def recording(title, unit, columns, top=12):
+        tables.append(columns)
+        print_table(title, unit, columns, top)
+
+    monkeypatch.setattr(module, "print_time_table", recording)
+    return tables
+
+
+def printed_time_table(out, title):
+    """The column names of the table under `title` in out; its total row must add up its other rows."""
+    table = out[out.index(f"### {title}"):].split("\n\n")[1].splitlines()
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    rows = {row[0]: [float(ms) for ms in row[1:]] for row in cells[2:]}
+    shown = [sum(column) for column in zip(*(ms for row, ms in rows.items() if row != "total"))]
+    assert rows["total"] == pytest.approx(shown, abs=0.001 * len(rows))
+    return cells[0][1:]
+
+
 def test_bench_model_profile_puts_each_models_operators_side_by_side(monkeypatch, capsys):
     monkeypatch.setitem(bench_model.SHAPES, "tiny", dict(n_layer=1, n_head=2, n_embd=16, block_size=8))
     monkeypatch.setattr(bench_model, "measure_matmul_peak", lambda device, dtype: 1e11)
     monkeypatch.setattr(sys, "argv", ["bench_model.py", "--shapes=tiny", "--batch_sizes=2", "--repeats=1",
                                       "--vocab_size=64", "--optimizer", "--profile"])
+    tables = record_time_tables(monkeypatch, bench_model)
     bench_model.main()
-    out = capsys.readouterr().out
-    table = out[out.index("### where the step's time goes: tiny, batch 2"):].split("\n\n")[1].splitlines()
-    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
-    assert cells[0][1:] == list(ATTENTION_VARIANTS)  # a column per model
-    rows = {row[0]: [float(ms) for ms in row[1:]] for row in cells[2:]}
-    assert all(ms > 0 for ms in rows["aten::_fused_adamw_"])  # every model's optimizer step, on the CPU
-    shown = [sum(column) for column in zip(*(ms for row, ms in rows.items() if row != "total"))]
-    assert rows["total"] == pytest.approx(shown, abs=0.001 * len(rows))
+    columns = printed_time_table(capsys.readouterr().out, "where the step's time goes: tiny, batch 2")
+    assert columns == list(ATTENTION_VARIANTS) == list(tables[0])
+    assert all(ms["aten::_fused_adamw_"] > 0 for ms in tables[0].values())  # each model's optimizer step
 
 
-def test_bench_model_profile_groups_inductors_kernels(monkeypatch):
+def test_bench_sample_profile_puts_each_variants_operators_side_by_side(monkeypatch, capsys):
+    monkeypatch.setitem(bench_sample.SIZES, "tiny", dict(n_layer=1, n_head=2, n_embd=16, block_size=32,
+                                                         vocab_size=50304))
+    monkeypatch.setattr(sys, "argv", ["bench_sample.py", "--sizes", "tiny", "--max_new_tokens=4", "--profile"])
+    tables = record_time_tables(monkeypatch, bench_sample)
+    bench_sample.main()
+    columns = printed_time_table(capsys.readouterr().out, "where a token's time goes, KV cache: tiny")
+    assert columns == list(ATTENTION_VARIANTS) == list(tables[0])
+    assert all(ms["aten::exponential_"] > 0 for ms in tables[0].values())  # each variant's draw of a token
+
+
+def test_profile_rows_group_inductors_kernels(monkeypatch):
     """Inductor's Triton kernels are one row (their names differ from model to model); other GPU kernels
-    keep their own names, without template arguments; times are ms per profiled step."""
+    keep their own names, without template arguments; times are ms per unit of work."""
     kernel_us = {"triton_poi_fused_add_0": 900.0, "triton_red_fused_sum_1": 600.0,
                  "void gemm_kernel<float, 128>(Params)": 3000.0}
-    monkeypatch.setattr(bench_model, "traced_events", lambda step, device, calls: None)
-    monkeypatch.setattr(bench_model, "time_by_name", lambda events, on_cuda: kernel_us)
-    args = SimpleNamespace(device="cuda")
-    profiles = bench_model.profile_steps({"standard": None, "super": None}, args, calls=3)
-    assert profiles["super"] == {"Triton kernels (inductor)": 0.5, "gemm_kernel": 1.0}
+    monkeypatch.setattr(profiling, "traced_events", lambda fn, device, calls: None)
+    monkeypatch.setattr(profiling, "time_by_name", lambda events, on_cuda: kernel_us)
+    assert profiling.ms_by_row(None, "cuda", calls=3, units=2) == {"Triton kernels (inductor)": 0.25, "gemm_kernel": 0.5}
 
 
 FAKE_PYTHON = """#!/bin/bash
