@@ -57,8 +57,8 @@ def parse_args():
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on a GPU, fp32 on CPU")
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
     parser.add_argument("--profile", action="store_true",
-                        help="then trace the fastest path once per variant: the time of each kernel (GPU) or "
-                             "aten operator (CPU) per token, side by side")
+                        help="then trace one generation per variant on the last path timed (compiled with --compile, "
+                             "else the KV cache): the time of each kernel (GPU) or aten operator (CPU) per token")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads; 1 by default: batch-1 decoding is a chain of small ops, and on "
                              "a 2-core VM 2 threads were 1.5-3.5x slower than 1 (0 = torch's choice)")
@@ -82,7 +82,7 @@ def bench_variant(size, variant, args):
     if args.compile:
         speeds["compiled"] = tokens_per_second(model, prompt, args, compile=True)
     profile = None
-    if args.profile:  # the fastest path, after the timing (a profiler once started slows what follows)
+    if args.profile:  # after the timing, which a profiler once started would slow
         with autocast_context(args.device, args.dtype):
             profile = ms_by_row(lambda: model.generate(prompt, args.max_new_tokens, compile=args.compile),
                                 args.device, units=args.max_new_tokens)
