@@ -16,8 +16,9 @@ GPU, else against a matmul peak measured here, in the dtype of the run.
 with the same shape, dtype, compile setting and optimizer, so "ours vs NanoGPT" is one column.
 
 --profile then traces 3 steps of each model and prints, per batch size, where the step's time goes:
-the kernels that take the most time (on a CPU the aten operators, by their own time), in ms per
-step, one column per model, so a gap between two rows of the table above shows up as kernels.
+the kernels that take the most time (on a CPU the operators and compiled graphs, by their own
+time), in ms per step, one column per model, so a gap between two rows of the table above shows up
+as kernels.
 """
 
 import argparse
@@ -178,7 +179,7 @@ def parse_args():
     parser.add_argument("--nanogpt_dir", default="", help="a NanoGPT checkout: time its model.py as well")
     parser.add_argument("--profile", action="store_true",
                         help="after the timing, trace 3 steps of each model: the time of each kernel (GPU) "
-                             "or aten operator (CPU), side by side")
+                             "or operator (CPU), side by side")
     args = parser.parse_args()
     try:
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)

@@ -1,6 +1,6 @@
 """
 Where a benchmark's step spends its time, read from a torch.profiler trace: on a GPU each kernel's
-time, on a CPU each aten operator's own time. Shared by bench_model.py, bench_sample.py and
+time, on a CPU the own time of each operator and of each compiled graph's code. Shared by bench_model.py, bench_sample.py and
 bench_attention_kernels.py. Profile after timing: the profiler leaves CUPTI's callbacks on after it
 stops, which slows every step timed after it.
 """
@@ -23,13 +23,14 @@ def traced_events(fn, device, calls=1):
 
 
 def time_by_name(events, on_cuda):
-    """Microseconds by name: each GPU kernel's total on CUDA; on a CPU each aten operator's self time
-    (its own work, not the operators it calls), so that the values add up to the step."""
+    """Microseconds by name: each GPU kernel's total on CUDA; on a CPU each event's self time (its own
+    work, not that of the events inside it), so that the values add up to the traced time: operators,
+    and inductor's compiled graphs, whose fused kernels are not events of their own."""
     totals = {}
     for e in events:
         if on_cuda and e.device_type == DeviceType.CUDA:
             us = e.time_range.elapsed_us()
-        elif not on_cuda and e.device_type == DeviceType.CPU and e.name.startswith("aten::"):
+        elif not on_cuda and e.device_type == DeviceType.CPU:
             us = e.self_cpu_time_total
         else:
             continue
@@ -46,11 +47,16 @@ def short_kernel_name(name, width=90):
 
 def ms_by_row(fn, device, calls=1, units=1):
     """Milliseconds per unit of work (a step, a token: fn does `units` of them) by kernel on CUDA, by
-    aten operator on a CPU, over `calls` calls of fn. Inductor names its Triton kernels by what they
-    fuse, differently in every model, so they are one row."""
+    operator on a CPU, over `calls` calls of fn. Inductor names its Triton kernels and its compiled
+    graphs differently in every model, so each kind is one row."""
     rows = {}
     for name, us in time_by_name(traced_events(fn, device, calls), str(device).startswith("cuda")).items():
-        row = "Triton kernels (inductor)" if name.startswith("triton_") else short_kernel_name(name, 60)
+        if name.startswith("triton_"):
+            row = "Triton kernels (inductor)"
+        elif name.startswith("## Call CompiledFxGraph"):
+            row = "compiled graphs' own code (inductor)"
+        else:
+            row = short_kernel_name(name, 60)
         rows[row] = rows.get(row, 0) + us / calls / units / 1e3
     return rows
 
