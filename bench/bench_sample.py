@@ -31,6 +31,11 @@ SIZES = {
 }
 
 
+# tokens in the profiled generation: enough to average over, few enough that the trace of a few hundred
+# kernels a token stays quick to read back
+PROFILED_TOKENS = 32
+
+
 def tokens_per_second(model, prompt, args, **generate_args):
     """Best of args.repeats runs, after one untimed run (which compiles, with compile=True)."""
     best = float("inf")
@@ -57,8 +62,8 @@ def parse_args():
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on a GPU, fp32 on CPU")
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
     parser.add_argument("--profile", action="store_true",
-                        help="then trace one generation per variant on the last path timed (compiled with --compile, "
-                             "else the KV cache): the time of each kernel (GPU) or operator (CPU) per token")
+                        help="then trace 32 tokens per variant on the last path timed (compiled with --compile, else the "
+                             "KV cache): the time of each kernel (GPU) or operator (CPU) per token")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads; 1 by default: batch-1 decoding is a chain of small ops, and on "
                              "a 2-core VM 2 threads were 1.5-3.5x slower than 1 (0 = torch's choice)")
@@ -83,9 +88,9 @@ def bench_variant(size, variant, args):
         speeds["compiled"] = tokens_per_second(model, prompt, args, compile=True)
     profile = None
     if args.profile:  # after the timing, which a profiler once started would slow
+        tokens = min(args.max_new_tokens, PROFILED_TOKENS)
         with autocast_context(args.device, args.dtype):
-            profile = ms_by_row(lambda: model.generate(prompt, args.max_new_tokens, compile=args.compile),
-                                args.device, units=args.max_new_tokens)
+            profile = ms_by_row(lambda: model.generate(prompt, tokens, compile=args.compile), args.device, units=tokens)
     return model.get_num_params() / 1e6, speeds, profile
 
 
