@@ -1,8 +1,8 @@
 """
 Where a benchmark's step spends its time, read from a torch.profiler trace: on a GPU each kernel's
-time, on a CPU the own time of each operator and of each compiled graph's code. Shared by bench_model.py, bench_sample.py and
-bench_attention_kernels.py. Profile after timing: the profiler leaves CUPTI's callbacks on after it
-stops, which slows every step timed after it.
+time, on a CPU the own time of each operator and of each compiled graph's code. Shared by
+bench_model.py, bench_sample.py and bench_attention_kernels.py. Profile after timing: the profiler
+leaves CUPTI's callbacks on after it stops, which slows every step timed after it.
 """
 import re
 
