@@ -140,6 +140,27 @@ def apply_rotary(t, rope):
     return turned.view(B, T, C)
 
 
+# The widest head FlashAttention and cuDNN's attention take. For wider ones, such as the single head of 3072
+# of the paper's 1B model, SDPA falls back to its memory-efficient kernel, which on an H100 took 2.2 times as
+# long as its math kernel's float32 products (docs/gpu.md); attention_by_matmuls runs them in bf16.
+WIDEST_FUSED_HEAD = 256
+
+
+def attention_by_matmuls(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
+    """F.scaled_dot_product_attention as two matrix products in the inputs' dtype (the tensor cores under
+    bf16 autocast) around a float32 softmax, for heads wider than the fused kernels take. attn_mask is
+    boolean (True: may attend) or None; is_causal masks as SDPA does, query t against keys s <= t."""
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * (1.0 / math.sqrt(q.size(-1)))
+    if is_causal:
+        attn_mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    weights = F.softmax(scores, dim=-1)
+    if dropout_p > 0:
+        weights = F.dropout(weights, p=dropout_p)
+    return torch.matmul(weights.to(v.dtype), v)
+
+
 class CausalSelfAttention(nn.Module):
     """What all four variants share: the fused input projection `c_attn` (W^Q, and W^K, W^V where the
     variant learns them), the per-head causal scaled dot-product attention, and W^O (`c_proj`)."""
@@ -227,10 +248,9 @@ class CausalSelfAttention(nn.Module):
         queries against (B, n_head, S, d_k) keys and values. A variant that changes the scores or the
         mask (a temperature, a window) overrides this."""
         attn_mask, is_causal = (None, q.size(2) > 1) if cache is None else cache.attention_mask
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+        attention = F.scaled_dot_product_attention if self.head_dim <= WIDEST_FUSED_HEAD else attention_by_matmuls
+        return attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                         dropout_p=self.dropout if self.training else 0.0)
 
 
 class StandardAttention(CausalSelfAttention):

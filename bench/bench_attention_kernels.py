@@ -8,13 +8,14 @@ Which scaled_dot_product_attention kernel runs the paper's large-LM attention, o
 For each (heads x d_k) at (batch, T), causal, the timed step is a forward and a backward pass of
 torch.nn.functional.scaled_dot_product_attention: first with the default dispatch, then with each
 backend forced alone through torch.nn.attention.sdpa_kernel (FLASH_ATTENTION, EFFICIENT_ATTENTION,
-CUDNN_ATTENTION, MATH). A backend that refuses the shape is reported "not supported" with the
-reasons torch gives. Which kernel each row ran (the default dispatch's choice above all) is read
-from a torch.profiler trace of one step: the aten operator it called (CPU activity) and, on CUDA,
-the names of the GPU kernels that took the most time (CUDA activity), traced after every row is
-timed (a profiler, once used, slows the steps that follow it). Each output is compared with MATH's on the same inputs (max |difference|),
-so a row that is fast but wrong would show. FlashAttention takes head dims up to 256 only, so at
-d_k = 3072 the choice is among the others; that is what this measures.
+CUDNN_ATTENTION, MATH); last, of model.attention_by_matmuls (the row "matmuls (model.py)"), which the
+model runs instead of SDPA for heads wider than FlashAttention and cuDNN take (256), such as the one
+head of 3072. A backend that refuses the shape is reported "not supported" with the reasons torch
+gives. Which kernel each row ran (the default dispatch's choice above all) is read from a
+torch.profiler trace of one step: the aten operator it called (CPU activity) and, on CUDA, the names
+of the GPU kernels that took the most time (CUDA activity), traced after every row is timed (a
+profiler, once used, slows the steps that follow it). Each output is compared with MATH's on the
+same inputs (max |difference|), so a row that is fast but wrong would show.
 
 Times are medians of --repeats steps after --warmup; peak memory (CUDA) is what one step allocates
 beyond its inputs. Split heads compute another attention (a softmax per head), at the same FLOPs:
@@ -23,6 +24,7 @@ the comparison is of cost, not of outputs.
 
 import argparse
 import contextlib
+import functools
 import re
 import sys
 import time
@@ -36,9 +38,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from bench_train import header  # noqa: E402  (bench/ is on the path when run as a script)
 from profiling import short_kernel_name, time_by_name, traced_events  # noqa: E402
+from model import attention_by_matmuls  # noqa: E402
 from runtime import DTYPES, resolve_device_and_dtype, synchronize  # noqa: E402
 
-BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+MATMULS = "matmuls (model.py)"  # model.attention_by_matmuls: two matrix products around a softmax, no SDPA
+BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH", MATMULS)
 # the aten operator each backend runs under (the CPU's flash kernel is ..._flash_attention_for_cpu)
 OPERATOR_PREFIXES = {
     "aten::_scaled_dot_product_flash_attention": "FLASH_ATTENTION",
@@ -68,35 +72,36 @@ def make_inputs(heads, d_k, args):
     return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad
 
 
-def step(q, k, v, grad):
+def step(q, k, v, grad, backend=None):
     """Forward and backward; the gradients are returned, not accumulated, so each step is alike."""
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    attention = attention_by_matmuls if backend == MATMULS else F.scaled_dot_product_attention
+    out = attention(q, k, v, is_causal=True)
     torch.autograd.grad(out, (q, k, v), grad)
     return out.detach()
 
 
-def time_steps(inputs, args):
-    """Median seconds of a forward+backward step, after warm-up."""
+def time_steps(run, args):
+    """Median seconds of a forward+backward step (run()), after warm-up."""
     for _ in range(args.warmup):
-        step(*inputs)
+        run()
     times = []
     for _ in range(args.repeats):
         synchronize(args.device)
         t0 = time.perf_counter()
-        step(*inputs)
+        run()
         synchronize(args.device)
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
 
 
-def peak_extra_bytes(inputs, args):
-    """CUDA memory one step allocates beyond what is allocated before it; None on a CPU."""
+def peak_extra_bytes(run, args):
+    """CUDA memory one step (run()) allocates beyond what is allocated before it; None on a CPU."""
     if not args.device.startswith("cuda"):
         return None
     synchronize(args.device)
     before = torch.cuda.memory_allocated(args.device)
     torch.cuda.reset_peak_memory_stats(args.device)
-    step(*inputs)
+    run()
     synchronize(args.device)
     return torch.cuda.max_memory_allocated(args.device) - before
 
@@ -109,19 +114,19 @@ def refusal(warned, error):
 
 
 def backend_context(backend):
-    """The default dispatch (backend None), or one backend forced alone."""
-    return sdpa_kernel([getattr(SDPBackend, backend)]) if backend else contextlib.nullcontext()
+    """The default dispatch (backend None), or one backend forced alone (matmuls call no SDPA)."""
+    return sdpa_kernel([getattr(SDPBackend, backend)]) if backend not in (None, MATMULS) else contextlib.nullcontext()
 
 
 def measure(inputs, reference, args, backend=None):
     """A row for the default dispatch (backend None) or one backend forced alone: its time, memory
     and difference from MATH (which kernel it ran is traced later, by trace_rows)."""
-    name = backend or "default"
+    name, run = backend or "default", functools.partial(step, *inputs, backend=backend)
     with backend_context(backend), warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         try:
-            out = step(*inputs)
-            seconds, peak = time_steps(inputs, args), peak_extra_bytes(inputs, args)
+            out = run()
+            seconds, peak = time_steps(run, args), peak_extra_bytes(run, args)
         except torch.cuda.OutOfMemoryError as e:
             return {"backend": name, "error": f"out of memory: {str(e).splitlines()[0]}"}
         except RuntimeError as e:  # the dispatcher found no kernel for this shape among those allowed
@@ -136,18 +141,19 @@ def trace_rows(heads, d_k, rows, args):
     inputs = make_inputs(heads, d_k, args)
     for row in rows:
         if not row["error"]:
-            with backend_context(None if row["backend"] == "default" else row["backend"]):
-                row["ran"], row["kernels"] = traced_kernels(inputs, args)
+            backend = None if row["backend"] == "default" else row["backend"]
+            with backend_context(backend):
+                row["ran"], row["kernels"] = traced_kernels(functools.partial(step, *inputs, backend=backend), args)
 
 
-def traced_kernels(inputs, args):
+def traced_kernels(run, args):
     """(the backend that ran, named by its aten operator; the GPU kernels that took the most time, on
-    CUDA) from a profiler trace of one step."""
-    events = traced_events(lambda: step(*inputs), args.device)
+    CUDA) from a profiler trace of one step (run())."""
+    events = traced_events(run, args.device)
     ran = [backend for e in events for prefix, backend in OPERATOR_PREFIXES.items() if e.name.startswith(prefix)]
     kernel_us = time_by_name(events, on_cuda=True)  # none on a CPU
     top = sorted(kernel_us, key=kernel_us.get, reverse=True)[:3]
-    return (ran[0] if ran else "unknown"), [short_kernel_name(name) for name in top]
+    return (ran[0] if ran else "no SDPA"), [short_kernel_name(name) for name in top]
 
 
 def bench_shape(heads, d_k, args):

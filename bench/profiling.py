@@ -39,9 +39,14 @@ def time_by_name(events, on_cuda):
 
 
 def short_kernel_name(name, width=90):
-    """A CUDA kernel name without its return type and template arguments, at most `width` characters."""
-    name = re.sub(r"^void\s+", "", name)
-    name = re.sub(r"[<(].*", "", name)
+    """A CUDA kernel name without its return type, template arguments, anonymous namespaces and
+    parameters, at most `width` characters: 'void at::native::(anonymous namespace)::f<float>(float*)'
+    is 'at::native::f'."""
+    name = name.replace("(anonymous namespace)::", "")
+    while re.search(r"<[^<>]*>", name):  # innermost template arguments first
+        name = re.sub(r"<[^<>]*>", "", name)
+    name = re.sub(r"^(void|\S+::type)\s+", "", name)  # the return type, std::enable_if<...>::type among them
+    name = re.sub(r"\(.*", "", name).strip() or name
     return name if len(name) <= width else name[:width - 3] + "..."
 
 

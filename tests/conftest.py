@@ -24,10 +24,14 @@ VARIANTS = list(ATTENTION_CLASSES)  # the paper's four and the worked example: w
 TINY = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, bias=True)
 LLAMA = dict(norm="rmsnorm", pos="rope", mlp="swiglu", intermediate_size=48, bias=False, tie_embeddings=False)
 GQA = dict(LLAMA, n_kv_head=2)  # 4 query heads share 2 key/value heads
-# every variant GPT-2-style and Llama-style, and grouped-query standard attention (the only one with W^K, W^V)
+# the paper's 1B model in small: one head wider than SDPA's fused kernels take (model.attention_by_matmuls)
+WIDE_HEAD = dict(LLAMA, n_head=1, n_embd=264)
+# every variant GPT-2-style and Llama-style, grouped-query standard attention (the only one with W^K, W^V),
+# and efficient with one wide head
 SHAPES = ([pytest.param(attention, {}, id=f"{attention}-gpt2") for attention in VARIANTS]
           + [pytest.param(attention, LLAMA, id=f"{attention}-llama") for attention in VARIANTS]
-          + [pytest.param("standard", GQA, id="standard-gqa")])
+          + [pytest.param("standard", GQA, id="standard-gqa"),
+             pytest.param("efficient", WIDE_HEAD, id="efficient-wide-head")])
 
 # The GPT-2 BPE is served offline from ../shared when it is there (tiktoken reads this variable).
 if TIKTOKEN_CACHE.is_dir():

@@ -125,7 +125,7 @@ def test_attention_kernels_on_cpu(capsys):
     rows = [line.strip("|").split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| 1x64")
             or line.startswith("| 4x16")]
     by_key = {(r[0].strip(), r[1].strip()): [c.strip() for c in r] for r in rows}
-    assert len(by_key) == 2 * 5  # default and the four backends, per shape
+    assert len(by_key) == 2 * 6  # default, the four backends and model.py's matmuls, per shape
     q = torch.randn(2, 1, 16, 64)
     chosen = SDPBackend(torch._fused_sdp_choice(q, q, q, is_causal=True)).name
     assert by_key["1x64", "default"][2] == chosen  # what the profiler saw is what the dispatcher picks
@@ -133,8 +133,9 @@ def test_attention_kernels_on_cpu(capsys):
     for shape in ("1x64", "4x16"):
         for backend in ("FLASH_ATTENTION", "MATH"):  # forced alone, each is what the profiler sees run
             assert by_key[shape, backend][2] == backend
-        for backend in ("default", "FLASH_ATTENTION"):  # the CPU's flash kernel: the same attention as MATH
+        for backend in ("default", "FLASH_ATTENTION", "matmuls (model.py)"):  # the same attention as MATH
             assert float(by_key[shape, backend][6]) < 1e-5
+        assert by_key[shape, "matmuls (model.py)"][2] == "no SDPA"
         for backend in ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):  # CUDA kernels only
             assert by_key[shape, backend][-1].startswith("not supported: ")
 
@@ -273,6 +274,21 @@ def test_profile_rows_group_inductors_kernels(monkeypatch):
     monkeypatch.setattr(profiling, "traced_events", lambda fn, device, calls: None)
     monkeypatch.setattr(profiling, "time_by_name", lambda events, on_cuda: kernel_us)
     assert profiling.ms_by_row(None, "cuda", calls=3, units=2) == {"Triton kernels (inductor)": 0.25, "gemm_kernel": 0.5}
+
+
+@pytest.mark.parametrize("name, short", [
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*)",
+     "at::native::cunn_SoftMaxForward"),
+    ("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, __nv_bfloat16, false>(internal::gemvx::Params)",
+     "internal::gemvx::kernel"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int)",
+     "at::native::vectorized_elementwise_kernel"),
+    ("Memcpy DtoD (Device -> Device)", "Memcpy DtoD"),
+    ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_bias_TNT", "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_bias_TNT"),
+])
+def test_kernel_names_lose_return_types_templates_and_parameters(name, short):
+    """Kernels that differ only in their template arguments are one row, named by the kernel itself."""
+    assert profiling.short_kernel_name(name) == short
 
 
 FAKE_PYTHON = """#!/bin/bash

@@ -12,10 +12,10 @@ from torch._dynamo.utils import counters
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import LLAMA, SHAPES, TINY, VARIANTS, needs_compiler, random_tokens, tiny_model
+from conftest import LLAMA, SHAPES, TINY, VARIANTS, WIDE_HEAD, needs_compiler, random_tokens, tiny_model
 from example_variant import TemperatureAttention
 from generate import KVCache
-from model import GPT, GPTConfig, SuperAttention, rotary_cos_sin
+from model import GPT, GPTConfig, SuperAttention, attention_by_matmuls, rotary_cos_sin
 
 
 # ----------------------------------------------------------------------------- parameter counts
@@ -99,12 +99,64 @@ def reference_attention(attn, x):
 @pytest.mark.parametrize("attention, options", SHAPES)
 def test_attention_matches_the_variants_equations(attention, options):
     attn = tiny_model(attention, **options).transformer.h[0].attn
-    x = torch.randn(3, TINY["block_size"], TINY["n_embd"], generator=torch.Generator().manual_seed(2))
+    x = torch.randn(3, TINY["block_size"], attn.n_embd, generator=torch.Generator().manual_seed(2))
     rope = None if attn.rope_theta is None else rotary_cos_sin(torch.arange(x.size(1)), attn.head_dim, attn.rope_theta)
     with torch.no_grad():
         ours = attn(x, rope=rope)
         for seq in range(x.size(0)):
             torch.testing.assert_close(ours[seq], reference_attention(attn, x[seq]), atol=1e-5, rtol=1e-5)
+
+
+def sdpa_calls(ops):
+    return sum(count for name, count in ops.items() if name.startswith("aten::_scaled_dot_product"))
+
+
+@pytest.mark.parametrize("mask", ["causal", "boolean", "none"])
+def test_attention_by_matmuls_equals_sdpa(mask):
+    """Heads wider than SDPA's fused kernels take (WIDEST_FUSED_HEAD) go through attention_by_matmuls,
+    with SDPA's masks: is_causal for training, a boolean mask for the KV cache's rows."""
+    q = torch.randn(2, 3, 5, 40, generator=torch.Generator().manual_seed(0))
+    k, v = torch.randn(2, 2, 3, 8, 40, generator=torch.Generator().manual_seed(1))
+    masks = dict(causal=dict(is_causal=True), none={},
+                 boolean=dict(attn_mask=torch.arange(8) <= torch.tensor([3, 4, 5, 6, 7])[:, None]))
+    torch.testing.assert_close(attention_by_matmuls(q, k, v, **masks[mask]),
+                               F.scaled_dot_product_attention(q, k, v, **masks[mask]))
+
+
+def test_attention_by_matmuls_multiplies_in_bf16_under_autocast_and_keeps_float32_for_softmax(monkeypatch):
+    softmax, softmax_dtypes = F.softmax, []
+    monkeypatch.setattr(F, "softmax", lambda scores, **kw: softmax_dtypes.append(scores.dtype) or softmax(scores, **kw))
+    q, k, v = (torch.randn(1, 1, 6, 300, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention_by_matmuls(q, k, v, is_causal=True)
+    assert out.dtype == torch.bfloat16  # the weighted sum was a bf16 product
+    assert softmax_dtypes == [torch.float32]
+    torch.testing.assert_close(out.float(), F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("options, uses_sdpa", [(LLAMA, True), (WIDE_HEAD, False)], ids=["narrow", "wide"])
+def test_only_heads_wider_than_the_fused_kernels_take_skip_sdpa(options, uses_sdpa):
+    model, idx = tiny_model("efficient", **options), random_tokens(2, 8)
+    ops = ops_run(lambda: model(idx, idx)[1].backward())
+    assert (sdpa_calls(ops) > 0) == uses_sdpa, ops
+    ops = ops_run(lambda: model.generate(idx, 3))
+    assert (sdpa_calls(ops) > 0) == uses_sdpa, ops
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_compiled_wide_head_attention_stays_matmuls():
+    """Inductor rewrites some matmul-softmax-matmul patterns into SDPA (its fuse_attention pass), which for
+    a wide head would be the slow kernel again."""
+    model, idx = tiny_model("efficient", **WIDE_HEAD), random_tokens(2, 8)
+    compiled = torch.compile(model)
+    counters.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled(idx, idx)[1].backward()
+        ops = ops_run(lambda: compiled(idx, idx)[1].backward())
+    assert counters["inductor"]["fuse_attention"] == 0
+    assert sdpa_calls(ops) == 0, ops
 
 
 # ----------------------------------------------------------------------------- causality
@@ -286,8 +338,7 @@ def test_compiled_decoding_steps_run_no_fused_attention_kernel():
     model, prompt = tiny_model("standard"), random_tokens(1, 3)
     model.generate(prompt, 8, compile=True)
     ops = ops_run(lambda: model.generate(prompt, 8, compile=True))
-    fused = sum(count for name, count in ops.items() if name.startswith("aten::_scaled_dot_product"))
-    assert fused == TINY["n_layer"], ops
+    assert sdpa_calls(ops) == TINY["n_layer"], ops
     assert ops["aten::_local_scalar_dense"] == 0  # nor does the compiled loop read back to the host
 
 
