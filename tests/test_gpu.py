@@ -159,6 +159,23 @@ def test_compiled_training_matches_eager(attention, no_tf32):
 
 
 @pytest.mark.slow
+def test_a_head_wider_than_flash_attention_takes_trains_by_matmuls(no_tf32):
+    """One head of 320 (the 1B config's is 3072) goes through model.attention_by_matmuls, not SDPA, whose
+    only kernel for it is the slow memory-efficient one: fp32 steps equal the CPU's, and the compiled
+    bf16 step runs no SDPA operator."""
+    wide = dict(n_head=1, n_embd=320)
+    cpu = train_losses(cuda_model("efficient", **wide).cpu(), "cpu")
+    assert train_losses(cuda_model("efficient", **wide), "cuda") == pytest.approx(cpu, rel=1e-4)
+    model = torch.compile(cuda_model("efficient", **wide).train())
+    batch = prompt(4, SHAPE["block_size"] + 1)
+    with autocast_context("cuda", "bfloat16"):
+        model(batch[:, :-1], targets=batch[:, 1:])[1].backward()  # compiles
+        with torch.profiler.profile() as profile:
+            model(batch[:, :-1], targets=batch[:, 1:])[1].backward()
+    assert not [e.name for e in profile.events() if e.name.startswith("aten::_scaled_dot_product")]
+
+
+@pytest.mark.slow
 def test_torchrun_nccl_run_resumes(tmp_path):
     """torchrun with one process takes the DDP path with NCCL; 8 steps straight equal 4 + resume + 4.
     Up to float rounding only: CUDA's embedding backward adds with atomics, in no fixed order."""
