@@ -25,10 +25,11 @@ def traced_events(fn, device, calls=1):
 def time_by_name(events, on_cuda):
     """Microseconds by name: each GPU kernel's total on CUDA; on a CPU each event's self time (its own
     work, not that of the events inside it), so that the values add up to the traced time: operators,
-    and inductor's compiled graphs, whose fused kernels are not events of their own."""
+    and inductor's compiled graphs, whose fused kernels are not events of their own. On CUDA a
+    record_function range (AdamW's step, say) is also an event, spanning kernels counted already."""
     totals = {}
     for e in events:
-        if on_cuda and e.device_type == DeviceType.CUDA:
+        if on_cuda and e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             us = e.time_range.elapsed_us()
         elif not on_cuda and e.device_type == DeviceType.CPU:
             us = e.self_cpu_time_total

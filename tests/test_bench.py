@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.autograd import DeviceType
 from torch.nn.attention import SDPBackend
 
 from conftest import REPO
@@ -274,6 +275,19 @@ def test_profile_rows_group_inductors_kernels(monkeypatch):
     monkeypatch.setattr(profiling, "traced_events", lambda fn, device, calls: None)
     monkeypatch.setattr(profiling, "time_by_name", lambda events, on_cuda: kernel_us)
     assert profiling.ms_by_row(None, "cuda", calls=3, units=2) == {"Triton kernels (inductor)": 0.25, "gemm_kernel": 0.5}
+
+
+def test_gpu_times_count_kernels_not_the_ranges_around_them():
+    """A record_function range such as "Optimizer.step#AdamW.step" shows on the GPU's timeline as an
+    event over the kernels it launched; counting it too would count those kernels twice."""
+    def event(name, us, device, annotation=False):
+        return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation, self_cpu_time_total=us,
+                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+    events = [event("multi_tensor_apply_kernel", 40.0, DeviceType.CUDA),
+              event("Optimizer.step#AdamW.step", 45.0, DeviceType.CUDA, annotation=True),
+              event("aten::_fused_adamw_", 7.0, DeviceType.CPU)]
+    assert profiling.time_by_name(events, on_cuda=True) == {"multi_tensor_apply_kernel": 40.0}
+    assert profiling.time_by_name(events, on_cuda=False) == {"aten::_fused_adamw_": 7.0}
 
 
 @pytest.mark.parametrize("name, short", [
