@@ -18,7 +18,8 @@ with the same shape, dtype, compile setting and optimizer, so "ours vs NanoGPT" 
 --profile then traces 3 steps of each model and prints, per batch size, where the step's time goes:
 the kernels that take the most time (on a CPU the operators and compiled graphs, by their own
 time), in ms per step, one column per model, so a gap between two rows of the table above shows up
-as kernels.
+as kernels; where inductor's Triton kernels ran (compiled, on a GPU), a second table breaks them down
+by the operators each fuses.
 """
 
 import argparse
@@ -31,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
-from profiling import ms_by_row, print_time_table
+from profiling import ms_by_kernel, print_profile
 from runtime import (DTYPES, autocast_context, gpu_peak_flops, machine_name, resolve_device_and_dtype,
                      synchronize)
 
@@ -130,7 +131,7 @@ def bench(shape, batch, args, nanogpt, peak):
                          tokens_per_s=tokens_per_s, mfu=flops * tokens_per_s / peak))
     profiles = None
     if args.profile:  # after the timing, which a profiler once started would slow
-        profiles = {name: ms_by_row(step, args.device, calls=3) for name, step in steps.items()}
+        profiles = {name: ms_by_kernel(step, args.device, calls=3) for name, step in steps.items()}
     del models, steps
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -217,7 +218,7 @@ def main():
             batch_rows, profiles = bench(shape, batch, args, nanogpt, peak)
             print_progress(name, batch_rows)
             if profiles:
-                print_time_table(f"where the step's time goes: {name}, batch {batch}", "step", profiles)
+                print_profile(f"where the step's time goes: {name}, batch {batch}", "step", profiles)
             rows += batch_rows
         print_table(f"{name} ({shape['n_layer']}L, {shape['n_head']}H, d={shape['n_embd']}, T={shape['block_size']})", rows)
 

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
-from profiling import ms_by_row, print_time_table
+from profiling import ms_by_kernel, print_profile
 from runtime import DTYPES, autocast_context, machine_name, resolve_device_and_dtype, synchronize
 
 SIZES = {
@@ -90,7 +90,8 @@ def bench_variant(size, variant, args):
     if args.profile:  # after the timing, which a profiler once started would slow
         tokens = min(args.max_new_tokens, PROFILED_TOKENS)
         with autocast_context(args.device, args.dtype):
-            profile = ms_by_row(lambda: model.generate(prompt, tokens, compile=args.compile), args.device, units=tokens)
+            profile = ms_by_kernel(lambda: model.generate(prompt, tokens, compile=args.compile), args.device,
+                                   units=tokens)
     return model.get_num_params() / 1e6, speeds, profile
 
 
@@ -120,8 +121,8 @@ def main():
     if args.profile:
         for size in args.sizes:
             measured = " / ".join(f"{1e3 / speeds[columns[-1]]:.3f}" for s, _, _, speeds in rows if s == size)
-            print_time_table(f"where a token's time goes, {columns[-1]}: {size} (measured: {measured} ms per token)",
-                             "token", {variant: profiles[size, variant] for variant in args.variants})
+            print_profile(f"where a token's time goes, {columns[-1]}: {size} (measured: {measured} ms per token)",
+                          "token", {variant: profiles[size, variant] for variant in args.variants})
 
 
 if __name__ == "__main__":

@@ -51,20 +51,47 @@ def short_kernel_name(name, width=90):
     return name if len(name) <= width else name[:width - 3] + "..."
 
 
-def ms_by_row(fn, device, calls=1, units=1):
-    """Milliseconds per unit of work (a step, a token: fn does `units` of them) by kernel on CUDA, by
-    operator on a CPU, over `calls` calls of fn. Inductor names its Triton kernels and its compiled
-    graphs differently in every model, so each kind is one row."""
+def ms_by_kernel(fn, device, calls=1, units=1):
+    """Milliseconds per unit of work (a step, a token: fn does `units` of them) by GPU kernel on CUDA, by
+    operator on a CPU, over `calls` calls of fn."""
+    events = traced_events(fn, device, calls)
+    return {name: us / calls / units / 1e3 for name, us in time_by_name(events, str(device).startswith("cuda")).items()}
+
+
+def grouped(ms, row_of):
+    """{row: ms} summed over the names that row_of maps to each row (None: left out)."""
     rows = {}
-    for name, us in time_by_name(traced_events(fn, device, calls), str(device).startswith("cuda")).items():
-        if name.startswith("triton_"):
-            row = "Triton kernels (inductor)"
-        elif name.startswith("## Call CompiledFxGraph"):
-            row = "compiled graphs' own code (inductor)"
-        else:
-            row = short_kernel_name(name, 60)
-        rows[row] = rows.get(row, 0) + us / calls / units / 1e3
+    for name, t in ms.items():
+        row = row_of(name)
+        if row is not None:
+            rows[row] = rows.get(row, 0) + t
     return rows
+
+
+def kernel_row(name):
+    """Inductor names its Triton kernels and its compiled graphs differently in every model, so each kind
+    is one row; any other kernel is a row of its own."""
+    if name.startswith("triton_"):
+        return "Triton kernels (inductor)"
+    if name.startswith("## Call CompiledFxGraph"):
+        return "compiled graphs' own code (inductor)"
+    return short_kernel_name(name, 60)
+
+
+def triton_fusion(name):
+    """An inductor Triton kernel by the operators it fuses, the same in every model: its name without the
+    number it has in its graph ('triton_poi_fused_add_mul_3' -> 'triton_poi_fused_add_mul'); None for
+    any other kernel."""
+    return re.sub(r"_\d+$", "", name)[:90] if name.startswith("triton_") else None
+
+
+def print_profile(title, unit, profiles, top=12):
+    """The time table of {column: ms_by_kernel's dict}, by kernel_row; then, where inductor's Triton
+    kernels ran (a GPU), a second table of those alone, by the operators each fuses."""
+    print_time_table(title, unit, {column: grouped(ms, kernel_row) for column, ms in profiles.items()}, top)
+    triton = {column: grouped(ms, triton_fusion) for column, ms in profiles.items()}
+    if any(triton.values()):
+        print_time_table(f"{title}: inductor's Triton kernels by what they fuse", unit, triton, top)
 
 
 def print_time_table(title, unit, columns, top=12):

@@ -222,15 +222,15 @@ def test_bench_model_prints_each_batch_size_before_the_next_starts(monkeypatch, 
     assert "# tiny batch 2 standard: " in capsys.readouterr().out
 
 
-def record_time_tables(monkeypatch, module):
-    """The {column: {row: ms}} of every time table `module` prints, as it prints them."""
-    tables, print_table = [], module.print_time_table
+def record_time_tables(monkeypatch):
+    """The {column: {row: ms}} of every time table the benchmarks print, as they print them."""
+    tables, print_table = [], profiling.print_time_table
 
     def recording(title, unit, columns, top=12):
         tables.append(columns)
         print_table(title, unit, columns, top)
 
-    monkeypatch.setattr(module, "print_time_table", recording)
+    monkeypatch.setattr(profiling, "print_time_table", recording)
     return tables
 
 
@@ -249,7 +249,7 @@ def test_bench_model_profile_puts_each_models_operators_side_by_side(monkeypatch
     monkeypatch.setattr(bench_model, "measure_matmul_peak", lambda device, dtype: 1e11)
     monkeypatch.setattr(sys, "argv", ["bench_model.py", "--shapes=tiny", "--batch_sizes=2", "--repeats=1",
                                       "--vocab_size=64", "--optimizer", "--profile"])
-    tables = record_time_tables(monkeypatch, bench_model)
+    tables = record_time_tables(monkeypatch)
     bench_model.main()
     columns = printed_time_table(capsys.readouterr().out, "where the step's time goes: tiny, batch 2")
     assert columns == list(ATTENTION_VARIANTS) == list(tables[0])
@@ -260,21 +260,29 @@ def test_bench_sample_profile_puts_each_variants_operators_side_by_side(monkeypa
     monkeypatch.setitem(bench_sample.SIZES, "tiny", dict(n_layer=1, n_head=2, n_embd=16, block_size=32,
                                                          vocab_size=50304))
     monkeypatch.setattr(sys, "argv", ["bench_sample.py", "--sizes", "tiny", "--max_new_tokens=4", "--profile"])
-    tables = record_time_tables(monkeypatch, bench_sample)
+    tables = record_time_tables(monkeypatch)
     bench_sample.main()
     columns = printed_time_table(capsys.readouterr().out, "where a token's time goes, KV cache: tiny")
     assert columns == list(ATTENTION_VARIANTS) == list(tables[0])
     assert all(ms["aten::exponential_"] > 0 for ms in tables[0].values())  # each variant's draw of a token
 
 
-def test_profile_rows_group_inductors_kernels(monkeypatch):
-    """Inductor's Triton kernels are one row (their names differ from model to model); other GPU kernels
-    keep their own names, without template arguments; times are ms per unit of work."""
-    kernel_us = {"triton_poi_fused_add_0": 900.0, "triton_red_fused_sum_1": 600.0,
+def test_profile_rows_group_inductors_kernels(monkeypatch, capsys):
+    """Inductor's Triton kernels are one row (their numbers differ from model to model), then a table of
+    their own by what each fuses; other GPU kernels keep their own names, without template arguments;
+    times are ms per unit of work."""
+    kernel_us = {"triton_poi_fused_add_0": 900.0, "triton_red_fused_sum_1": 600.0, "triton_poi_fused_add_7": 300.0,
                  "void gemm_kernel<float, 128>(Params)": 3000.0}
     monkeypatch.setattr(profiling, "traced_events", lambda fn, device, calls: None)
     monkeypatch.setattr(profiling, "time_by_name", lambda events, on_cuda: kernel_us)
-    assert profiling.ms_by_row(None, "cuda", calls=3, units=2) == {"Triton kernels (inductor)": 0.25, "gemm_kernel": 0.5}
+    ms = profiling.ms_by_kernel(None, "cuda", calls=3, units=2)
+    assert profiling.grouped(ms, profiling.kernel_row) == {"Triton kernels (inductor)": 0.3, "gemm_kernel": 0.5}
+    tables = record_time_tables(monkeypatch)
+    profiling.print_profile("a step", "step", {"a": ms, "b": {"triton_poi_fused_add_3": 0.1}})
+    assert tables[1] == {"a": {"triton_poi_fused_add": 0.2, "triton_red_fused_sum": 0.1},
+                         "b": {"triton_poi_fused_add": 0.1}}
+    out = capsys.readouterr().out
+    assert printed_time_table(out, "a step: inductor's Triton kernels by what they fuse") == ["a", "b"]
 
 
 def test_gpu_times_count_kernels_not_the_ranges_around_them():
