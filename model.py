@@ -142,14 +142,14 @@ def apply_rotary(t, rope):
 
 # The widest head FlashAttention and cuDNN's attention take. For wider ones, such as the single head of 3072
 # of the paper's 1B model, SDPA falls back to its memory-efficient kernel, which on an H100 took 2.2 times as
-# long as its math kernel's float32 products (docs/gpu.md); attention_by_matmuls runs them in bf16.
+# long as even its math kernel's float32 products (docs/llama.md); attention_by_matmuls multiplies in bf16.
 WIDEST_FUSED_HEAD = 256
 
 
 def attention_by_matmuls(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
     """F.scaled_dot_product_attention as two matrix products in the inputs' dtype (the tensor cores under
-    bf16 autocast) around a float32 softmax, for heads wider than the fused kernels take. attn_mask is
-    boolean (True: may attend) or None; is_causal masks as SDPA does, query t against keys s <= t."""
+    bf16 autocast) around a float32 softmax, for heads wider than the fused kernels take. attn_mask is a
+    boolean (T, S) (True: may attend) or None; is_causal masks as SDPA does, query t against keys s <= t."""
     scores = torch.matmul(q, k.transpose(-2, -1)).float() * (1.0 / math.sqrt(q.size(-1)))
     if is_causal:
         attn_mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
