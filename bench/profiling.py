@@ -95,7 +95,7 @@ def print_profile(title, unit, profiles, top=12):
 
 
 def print_time_table(title, unit, columns, top=12):
-    """The rows that take the most time in any column ({column: ms_by_row's dict}), side by side, in ms
+    """The rows that take the most time in any column ({column: {row: ms}}), side by side, in ms
     per unit; then the rest, and each column's total."""
     names = list(columns)
     rows = sorted(set().union(*columns.values()), key=lambda r: -max(c.get(r, 0) for c in columns.values()))
