@@ -233,10 +233,9 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             # kept in the queries' dtype: under autocast, the X_i that efficient and super use come from the
             # norm in float32, half the cache's bandwidth wasted and cast again by SDPA at every step
-            k, v = k.to(q.dtype), v.to(q.dtype)
-            k = cache.store("k", k)
+            k = cache.store("k", k.to(q.dtype))
             # rotated keys and unrotated values are two tensors even where the variant's K and V are one
-            v = k if self.values_are_keys and rope is None else cache.store("v", v)
+            v = k if self.values_are_keys and rope is None else cache.store("v", v.to(q.dtype))
         v = self.align(v, cache)
         k, v = (self.shared_kv_heads(self.split_heads(t)) for t in (k, v))
         y = self.attend(self.split_heads(q), k, v, cache)
