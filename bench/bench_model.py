@@ -180,7 +180,7 @@ def parse_args():
     parser.add_argument("--nanogpt_dir", default="", help="a NanoGPT checkout: time its model.py as well")
     parser.add_argument("--profile", action="store_true",
                         help="after the timing, trace 3 steps of each model: the time of each kernel (GPU) "
-                             "or operator (CPU), side by side")
+                             "or operator (CPU), side by side, and of inductor's Triton kernels by what they fuse")
     args = parser.parse_args()
     try:
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)

@@ -63,7 +63,8 @@ def parse_args():
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
     parser.add_argument("--profile", action="store_true",
                         help="then trace 32 tokens per variant on the last path timed (compiled with --compile, "
-                             "else the KV cache): the time of each kernel (GPU) or operator (CPU) per token")
+                             "else the KV cache): the time of each kernel (GPU) or operator (CPU) per token, and of "
+                             "inductor's Triton kernels by what they fuse")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads; 1 by default: batch-1 decoding is a chain of small ops, and on "
                              "a 2-core VM 2 threads were 1.5-3.5x slower than 1 (0 = torch's choice)")
