@@ -296,7 +296,7 @@ def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
     (init_from="resume") or pretrained GPT-2 weights (init_from="gpt2", "gpt2-medium", ...).
 
     Raises CheckpointError, TokenizerUnavailableError, ValueError (an unknown init_from) or
-    RuntimeError (pretrained weights unreachable), each with a message meant for the user."""
+    model.PretrainedUnavailableError (no GPT-2 weights here), each with a message meant for the user."""
     if init_from in PRETRAINED_GPT2:
         model = GPT.from_pretrained(init_from, dict(dropout=0.0)).to(device).eval()
         tokenizer = GPT2Tokenizer()

@@ -403,6 +403,10 @@ def gpt2_config(hf, model_type, override_args):
                      tie_embeddings=getattr(hf, "tie_word_embeddings", True), **override_args)
 
 
+class PretrainedUnavailableError(RuntimeError):
+    """GPT-2's weights cannot be loaded here: no `transformers`, or no network and no cached copy."""
+
+
 def check_pretrained_attention(attention):
     if attention != "standard":
         raise ValueError(f"pretrained GPT-2 weights exist for standard attention only, not attention="
@@ -525,11 +529,12 @@ class GPT(nn.Module):
         try:
             from transformers import GPT2LMHeadModel
         except ImportError as e:
-            raise RuntimeError("loading GPT-2 weights needs Hugging Face transformers: pip install transformers") from e
+            raise PretrainedUnavailableError("loading GPT-2 weights needs Hugging Face transformers: "
+                                             "pip install transformers") from e
         try:
             hf_model = GPT2LMHeadModel.from_pretrained(model_type)
         except OSError as e:
-            raise RuntimeError(
+            raise PretrainedUnavailableError(
                 f"could not load {model_type!r} weights: they download from the Hugging Face hub on first "
                 f"use, so a network is needed once (or set HF_HOME to a cache that holds them). Cause: {e}"
             ) from e

@@ -43,7 +43,7 @@ from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, fi
 from configurator import DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config
 from data import Batches, DataError, check_data, check_same_tokens, choose_vocab_size, config_data_dir
 from launcher import LaunchError, launch, split_launcher_args
-from model import GPT, PRETRAINED_GPT2, GPTConfig
+from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
 from runlog import RunLog, read_summary, trim_log, write_summary
 from runtime import CpuThreads, StopSignals, autocast_context, peak_flops, resolve_device, resolve_dtype
 
@@ -618,7 +618,7 @@ def main(argv=None):
             get_config(launcher[1])
             return launch(launcher[0], Path(__file__).resolve(), launcher[1])
         train(get_config(argv))
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError, LaunchError) as e:
+    except (ConfigError, DataError, CheckpointError, PretrainedUnavailableError, NonFiniteLossError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     except OSError as e:  # the log or summary on a disk that filled up, say: a checkpoint is written whole or not at all

@@ -1,6 +1,6 @@
 """Shared test fixtures: where the repo and the optional ../shared folder beside it live, the tiny models
-the model tests build in three shapes (GPT-2-style, Llama-style, grouped-query), the `slow` marker, and
-a CPU-only view of the machine for every test but the GPU's own."""
+the model tests build in four shapes (GPT-2-style, Llama-style, grouped-query, one wide head), the `slow`
+marker, and a CPU-only view of the machine for every test but the GPU's own."""
 import os
 import shutil
 import sys

@@ -1,6 +1,7 @@
 """model.py and generate.py: parameter counts, causality, the variants' equations, equivalences between
 variants, KV-cached and compiled generation, FLOP counts and input validation. The properties run over
-every variant in three shapes (conftest.SHAPES): GPT-2-style, Llama-style, and grouped-query standard."""
+every variant in four shapes (conftest.SHAPES): GPT-2-style, Llama-style, grouped-query standard, and
+efficient with one head wider than SDPA's fused kernels."""
 
 import math
 from collections import Counter

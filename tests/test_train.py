@@ -458,6 +458,30 @@ def test_eval_only_reports_the_losses_and_leaves_the_out_dir_as_it_was(init_from
         assert "step 4: train loss" in capsys.readouterr().out
 
 
+def gpt2_data(tmp_path):
+    """Random token ids labelled as GPT-2 BPE data, which init_from='gpt2' asks for."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 4000), ("val", 1000)):
+        rng.integers(0, 50257, n).astype(np.uint16).tofile(data / f"{split}.bin")
+    write_meta(data, {"tokenizer": "gpt2", "vocab_size": 50257, "tokens": {"train": 4000, "val": 1000}})
+    return data
+
+
+def test_gpt2_weights_out_of_reach_are_one_error_line(tmp_path, monkeypatch, capsys):
+    transformers = pytest.importorskip("transformers", reason="init_from='gpt2' needs transformers")
+
+    def offline(cls, name):  # what the hub raises with no network and no cached copy
+        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load the files of {name}")
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", classmethod(offline))
+    cfg = tiny(tmp_path, gpt2_data(tmp_path), init_from="gpt2")
+    assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not load 'gpt2' weights: they download from the Hugging Face hub")
+    assert "couldn't connect" in err and not list((tmp_path / "out").glob("*.pt"))
+
+
 def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, monkeypatch):
     """init_from='gpt2' takes the model's shape from OpenAI's weights, not from the config, so the same
     command with init_from='resume' must resume it (a small random GPT-2 stands in for the download)."""
@@ -465,13 +489,7 @@ def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, monkey
     torch.manual_seed(0)
     hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=32, n_layer=2, n_head=2))
     monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", classmethod(lambda cls, name: hf_model))
-    data = tmp_path / "data"
-    data.mkdir()
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 4000), ("val", 1000)):
-        rng.integers(0, 50257, n).astype(np.uint16).tofile(data / f"{split}.bin")
-    write_meta(data, {"tokenizer": "gpt2", "vocab_size": 50257, "tokens": {"train": 4000, "val": 1000}})
-    cfg = tiny(tmp_path, data, init_from="gpt2", bias=False, max_iters=2, eval_interval=2, warmup_iters=0,
+    cfg = tiny(tmp_path, gpt2_data(tmp_path), init_from="gpt2", bias=False, max_iters=2, eval_interval=2, warmup_iters=0,
                lr_decay_iters=4)  # bias and vocab_size as the defaults leave them: GPT-2's differ
     T.train(cfg, verbose=False)
     summary = T.train({**cfg, "init_from": "resume", "max_iters": 4}, verbose=False)
