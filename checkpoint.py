@@ -181,14 +181,20 @@ def save_checkpoint(checkpoint, path):
         torch.save(checkpoint, f)
 
 
-def load_checkpoint(path, map_location="cpu", mmap=False):
-    """A checkpoint of this repo (the file, or the out_dir holding ckpt.pt), checked to be one. mmap:
-    its tensors are mapped from the file, not read, for a caller that wants a few plain entries only."""
+def existing_checkpoint_path(path):
+    """checkpoint_path(path), or a CheckpointError if no file is there: a check before slow work."""
     path = checkpoint_path(path)
     if not path.is_file():
         raise CheckpointError(
             f"no checkpoint at {path}: pass the out_dir of a training run (it holds {CHECKPOINT_NAME}) or the file itself"
         )
+    return path
+
+
+def load_checkpoint(path, map_location="cpu", mmap=False):
+    """A checkpoint of this repo (the file, or the out_dir holding ckpt.pt), checked to be one. mmap:
+    its tensors are mapped from the file, not read, for a caller that wants a few plain entries only."""
+    path = existing_checkpoint_path(path)
     checkpoint = read_checkpoint_file(path, map_location, mmap)
     missing = {"model_args", "model"} - set(checkpoint) if isinstance(checkpoint, dict) else {"model_args", "model"}
     if missing:

@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 from atomic import atomic_file, write_text_atomic
-from checkpoint import add_model_arguments, load_model_and_tokenizer
+from checkpoint import add_model_arguments, existing_checkpoint_path, load_model_and_tokenizer
 from runtime import CpuThreads, autocast_context, resolve_device, resolve_device_and_dtype
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -538,6 +538,8 @@ def run_evaluation(args, output, launched):
     device, dtype = resolve_device_and_dtype(device, args.dtype)
     CpuThreads(args.threads, device)  # on CPU: as many threads as other processes leave cores free
     check_batch_size(args.batch_size)  # before the data and the model are loaded
+    if args.init_from == "resume":
+        existing_checkpoint_path(args.out_dir)  # a mistyped out_dir, before the download
     data_file = find_data_file(args.data_file, args.cache_dir, rank, launched)
     examples = load_examples(data_file, args.limit)
     model, tokenizer, info = load_model_and_tokenizer(args.init_from, args.out_dir, device)

@@ -478,10 +478,18 @@ def test_evaluate_checkpoint_checks_dtype_and_data_before_loading_the_model(tmp_
     assert results["n"] == 2
 
 
+def test_a_missing_checkpoint_is_reported_before_the_download(tmp_path, monkeypatch, capsys):
+    downloads = []
+    monkeypatch.setattr(eh, "download_hellaswag", downloads.append)
+    assert eh.main(["--out_dir", str(tmp_path / "nothing"), "--cache_dir", str(tmp_path / "cache")]) == 1
+    assert capsys.readouterr().err.startswith("error: no checkpoint at") and downloads == []
+
+
 @pytest.mark.slow
 def test_cli_errors_are_messages_not_tracebacks(tmp_path, hellaswag_file, capsys):
     assert eh.main(["--out_dir", str(tmp_path / "nothing"), "--data_file", str(hellaswag_file)]) == 1
     assert "no checkpoint" in capsys.readouterr().err
+    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(example(SET1, 0)) + "\n{oops\n")
     assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(bad)]) == 1
