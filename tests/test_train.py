@@ -489,8 +489,8 @@ def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, monkey
     torch.manual_seed(0)
     hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=32, n_layer=2, n_head=2))
     monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", classmethod(lambda cls, name: hf_model))
-    cfg = tiny(tmp_path, gpt2_data(tmp_path), init_from="gpt2", bias=False, max_iters=2, eval_interval=2, warmup_iters=0,
-               lr_decay_iters=4)  # bias and vocab_size as the defaults leave them: GPT-2's differ
+    cfg = tiny(tmp_path, gpt2_data(tmp_path), init_from="gpt2", bias=False, max_iters=2, eval_interval=2,
+               warmup_iters=0, lr_decay_iters=4)  # bias and vocab_size as the defaults leave them: GPT-2's differ
     T.train(cfg, verbose=False)
     summary = T.train({**cfg, "init_from": "resume", "max_iters": 4}, verbose=False)
     assert summary["iterations"] == 4 and summary["iterations_this_run"] == 2
