@@ -177,6 +177,8 @@ def test_future_tokens_do_not_change_past_logits(attention, options):
 
 
 def test_super_ignores_the_upper_triangle_of_its_kernel():
+    """Training keeps it at zero, but a kernel loaded from elsewhere need not be: neither the whole
+    sequence nor cached decoding (a prefix, single tokens, or single tokens at fixed shapes) reads it."""
     model = tiny_model("super")
     idx = random_tokens(2, 12)
     with torch.no_grad():
@@ -184,7 +186,16 @@ def test_super_ignores_the_upper_triangle_of_its_kernel():
         for block in model.transformer.h:
             block.attn.align_weight.add_(torch.ones(TINY["block_size"], TINY["block_size"]).triu(1))
         after, _ = model(idx, all_logits=True)
+        cache = KVCache(TINY["n_layer"], TINY["block_size"])
+        growing = [model(idx[:, :5], all_logits=True, kv_cache=cache)[0]]
+        growing += [model(idx[:, t : t + 1], all_logits=True, kv_cache=cache)[0] for t in range(5, 12)]
+        cache.length = 0
+        fixed = [model(idx[:, :1], all_logits=True, kv_cache=cache)[0]]
+        fixed += [model(idx[:, t : t + 1], all_logits=True, kv_cache=cache, input_pos=torch.tensor([t]))[0]
+                  for t in range(1, 12)]
     torch.testing.assert_close(before, after, atol=0, rtol=0)
+    torch.testing.assert_close(torch.cat(growing, dim=1), before, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(fixed, dim=1), before, atol=1e-5, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------- equivalences

@@ -615,6 +615,44 @@ def test_loss_falls(tmp_path, data_dir):
     assert evals[-1] < evals[0] - 0.5, evals
 
 
+def first_gradients_and_log(tmp_path, data_dir, monkeypatch, **overrides):
+    """One iteration: the gradients forward_backward leaves (before clipping and the step), and log.jsonl."""
+    gradients = []
+    real_forward_backward = T.forward_backward
+
+    def recording(run, signals):
+        result = real_forward_backward(run, signals)
+        gradients.append({name: p.grad.clone() for name, p in run.raw_model.named_parameters()})
+        return result
+
+    monkeypatch.setattr(T, "forward_backward", recording)
+    T.train(tiny(tmp_path, data_dir, max_iters=1, **overrides), verbose=False)
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    return gradients[0], [r for r in log if r["type"] == "train"]
+
+
+def test_accumulated_micro_batches_equal_one_large_batch(tmp_path, data_dir, monkeypatch):
+    """AdamW's step hardly changes when every gradient is scaled alike, so a loss left undivided by
+    the micro-steps would still train; it would shift what grad_clip means, and the logged loss."""
+    large, large_log = first_gradients_and_log(tmp_path / "large", data_dir, monkeypatch, batch_size=4)
+    split, split_log = first_gradients_and_log(tmp_path / "split", data_dir, monkeypatch, batch_size=2,
+                                               gradient_accumulation_steps=2)
+    for name in large:
+        torch.testing.assert_close(split[name], large[name], atol=1e-6, rtol=1e-5, msg=name)
+    assert split_log[0]["loss"] == pytest.approx(large_log[0]["loss"], rel=1e-6)
+
+
+def test_mfu_counts_every_micro_batch_of_an_iteration(tmp_path, data_dir):
+    c = tiny(tmp_path, data_dir, max_iters=3, batch_size=2, gradient_accumulation_steps=3, peak_flops=1e12)
+    summary = T.train(c, verbose=False)
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    tokens_per_iter = c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]
+    flops_per_iter = summary["flops_per_token"] * tokens_per_iter
+    for r in (r for r in log if r["type"] == "train"):
+        assert r["mfu"] == pytest.approx(flops_per_iter / (r["ms_per_iter"] / 1000) / 1e12, rel=1e-9)
+        assert r["tokens_per_s"] == pytest.approx(tokens_per_iter / (r["ms_per_iter"] / 1000), rel=1e-9)
+
+
 # -----------------------------------------------------------------------------
 # exact resume
 
@@ -636,6 +674,19 @@ def test_resume_equals_uninterrupted_training(tmp_path, data_dir, attention):
     # the resumed log continues the first one
     log = [json.loads(line) for line in (tmp_path / "split" / "out" / "log.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in log if r["type"] == "train"] == list(range(1, 9))
+
+
+def test_a_resume_keeps_the_best_checkpoint_when_the_loss_gets_worse(tmp_path, data_dir, monkeypatch):
+    """With always_save_checkpoint=False the checkpoint is the best evaluation so far, across resumes:
+    a resumed run that forgot the best val loss would take its first, worse, evaluation for a new best."""
+    c = tiny(tmp_path, data_dir, max_iters=4, always_save_checkpoint=False)
+    first = T.train(c, verbose=False)
+    assert load_checkpoint(tmp_path / "out")["iter_num"] == 4
+    monkeypatch.setattr(T, "estimate_loss", lambda run: {"train": 9.0, "val": 9.0})
+    resumed = T.train({**c, "max_iters": 8, "init_from": "resume"}, verbose=False)
+    checkpoint = load_checkpoint(tmp_path / "out")
+    assert checkpoint["iter_num"] == 4 and checkpoint["best_val_loss"] == first["best_val_loss"] < 9.0
+    assert resumed["best_val_loss"] == first["best_val_loss"] and resumed["final_val_loss"] == 9.0
 
 
 def test_resume_accepts_compiled_prefix(tmp_path, data_dir):
