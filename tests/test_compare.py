@@ -205,6 +205,9 @@ def test_token_budget_and_the_iterations_default(tiny_run):
     config, out_dir = tiny_run
     runs, budgets = plan(config, out_dir, "--match=tokens", "--budget_tokens=640", "--variants=standard,super")
     assert budgets == {"1x2x16": 640} and [r.iterations for r in runs] == [10, 10]  # 640 tokens / 64 per iteration
+    runs, _ = plan(config, out_dir, "--match=tokens", "--budget_tokens=640", "--variants=standard",
+                   "--gradient_accumulation_steps=2")
+    assert [r.iterations for r in runs] == [5]  # an iteration is every micro-batch: 2 x 4 sequences of 16
     runs, budgets = plan(config, out_dir, "--variants=efficient", "--max_iters=7")
     assert [r.iterations for r in runs] == [7] and runs[0].run_dir == out_dir / "efficient-seed0"
 
@@ -444,6 +447,20 @@ def test_a_difference_within_two_standard_errors_is_a_tie():
     assert "| standard | 1.9350 ± 0.0100 (3=) |" in table
 
 
+def test_the_tie_threshold_is_two_standard_errors_of_the_difference():
+    """± 0.01 over 3 seeds: one standard error of a difference is √(2 · 0.01² / 3) = 0.00816."""
+    se = math.sqrt(2 * 0.01 ** 2 / 3)
+    reference = [1.90, 1.91, 1.92]
+    for gap, tied in ((1.9 * se, True), (2.1 * se, False)):
+        results = seeds_of(a=reference, b=[loss + gap for loss in reference])
+        assert frontier.is_tie(results["a"]["final_val_loss"], results["b"]["final_val_loss"]) is tied, gap / se
+
+
+def test_equal_means_share_a_rank_and_the_next_takes_the_next_rank():
+    results = seeds_of(standard=[2.0, 2.1], optimized=[2.1, 2.0], efficient=[2.2, 2.3])
+    assert frontier.rankings(results, "final_val_loss", "low") == {"standard": 1, "optimized": 1, "efficient": 2}
+
+
 def test_one_seed_says_ties_cannot_be_told(tmp_path):
     rows, budgets = synthetic_summaries(["standard", "efficient"], seeds=1)
     for row in rows:  # 0.001 apart: with one seed, ranked as measured
@@ -594,6 +611,9 @@ def test_alpha_comes_with_its_range_over_the_fits_of_each_seed(tmp_path):
     analysis = json.loads((tmp_path / "results.json").read_text())["analysis"]
     assert analysis["alpha_per_seed"]["standard"] == pytest.approx([0.10, 0.12], rel=1e-3)
     assert analysis["alpha_range"]["standard"] == pytest.approx([0.10, 0.12], rel=1e-3)
+    # each seed's target is its own reference curve's loss at the largest size, which that seed's standard
+    # reaches there exactly (the mean curve's target lies beyond seed 0's curve)
+    assert analysis["compute_for_target"]["standard"]["ratio_per_seed"] == pytest.approx([1.0, 1.0])
     assert analysis["fits"]["standard"]["E_at_bound"] is None
 
 

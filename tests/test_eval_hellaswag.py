@@ -161,6 +161,23 @@ def test_an_ending_the_harness_cleans_to_nothing_is_never_its_char_norm_choice()
     assert result["pred"]["acc_harness"] == 0
 
 
+def test_each_metric_reads_its_own_view_of_the_example():
+    """acc and acc_norm score NanoGPT's texts; acc_harness and acc_char_norm the harness's, a separate
+    set of pairs in `scored`. Here the two views disagree, so a metric read from the other view shows."""
+    ex = example(["a", "b", "c", "d"], 0)
+    nanogpt = [(-1.0, 1), (-2.0, 1), (-3.0, 1), (-4.0, 1)]  # ending 0 is the likeliest
+    harness = [(-4.0, 1), (-1.0, 1), (-3.0, 1), (-2.0, 1)]  # ending 1 is
+    result = eh.score_example(ex, nanogpt + harness, [0, 1, 2, 3], [4, 5, 6, 7], [1, 1, 1, 1])
+    assert result["pred"] == {"acc": 0, "acc_norm": 0, "acc_harness": 1, "acc_char_norm": 1}
+
+
+def test_a_tie_goes_to_the_first_ending_as_numpy_argmax():
+    ex = example(["same", "same", "other", "worse"], 1)
+    scored = [(-2.0, 2), (-2.0, 2), (-3.0, 2), (-9.0, 2)]
+    result = eh.score_example(ex, scored, [0, 1, 2, 3], [0, 1, 2, 3], [4, 4, 4, 4])
+    assert set(result["pred"].values()) == {0}
+
+
 def test_harness_preprocessing():
     ex = example(
         ["[step] Scrub  it well.", "Rinse [title] Dry it.", " dry ", "x"], 0,
@@ -581,6 +598,7 @@ def test_ddp_splits_examples_and_sums_counts(tmp_path, hellaswag_file):
     a, b = json.loads(single.read_text()), json.loads(ddp.read_text())
     assert b["settings"]["world_size"] == 2 and b["n"] == a["n"] == len(FILE_KINDS)
     assert b["correct"] == a["correct"]
+    assert {m: b[m] for m in eh.METRICS} == {m: a[m] for m in eh.METRICS}  # over all examples, not a rank's share
 
 
 @needs_bpe

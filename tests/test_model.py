@@ -332,6 +332,16 @@ def test_sampling_draws_torch_multinomial_tokens_without_reading_back_to_the_hos
     assert ops_run(lambda: sample_next(logits, temperature, top_k))["aten::_local_scalar_dense"] == 0
 
 
+def test_top_k_draws_only_the_k_likeliest_tokens():
+    """Four near-equal logits and one far below: top_k=2 must draw the first two, and both of them."""
+    from generate import sample_next
+
+    logits = torch.tensor([[3.0, 2.9, 2.8, 2.7, -5.0]]).expand(400, -1)
+    torch.manual_seed(0)
+    assert set(sample_next(logits, top_k=2).flatten().tolist()) == {0, 1}
+    assert set(sample_next(logits, top_k=4).flatten().tolist()) == {0, 1, 2, 3}
+
+
 @pytest.mark.parametrize("attention, options", SHAPES)
 def test_generation_never_reads_a_value_back_to_the_host(attention, options):
     """On a GPU such a read (.item(), a tensor's truth value) waits for every kernel queued before it;

@@ -36,6 +36,13 @@ def test_char_tokenizer_round_trip():
     assert tok.eot is None
 
 
+def test_char_tokenizer_ids_follow_the_vocabulary_order_not_sorted_order():
+    """prepare_char.py sorts its vocabulary, but a meta.json written elsewhere need not: an id is the
+    character's place in `chars`, whatever order that is."""
+    tok = CharTokenizer("ba\n")
+    assert tok.encode("ab\n") == [1, 0, 2] and tok.decode([2, 0, 1]) == "\nba"
+
+
 def test_char_tokenizer_names_unknown_characters():
     tok = CharTokenizer("abc")
     with pytest.raises(ValueError, match="character-level") as excinfo:
