@@ -6,9 +6,10 @@ import stat
 import pytest
 import torch
 
+import atomic
 from atomic import write_text_atomic
-from checkpoint import (CheckpointError, NonFiniteCheckpointError, first_non_finite, load_checkpoint, load_weights,
-                        save_checkpoint)
+from checkpoint import (LOCK_NAME, CheckpointError, NonFiniteCheckpointError, first_non_finite, load_checkpoint,
+                        load_weights, lock_out_dir, save_checkpoint)
 from model import GPT, GPTConfig
 
 
@@ -103,3 +104,24 @@ def test_a_weight_that_is_not_a_tensor_is_a_checkpoint_error():
     state["lm_head.weight"] = [1.0, 2.0]
     with pytest.raises(CheckpointError, match="do not load"):
         load_weights(model, state, "out/ckpt.pt")
+
+
+def test_a_stale_lock_names_only_the_run_that_holds_it_now(tmp_path):
+    """A run that died leaves its pid in train.lock (the kernel frees the lock, not the file): the next
+    run replaces it, so that a third run is told the live pid alone."""
+    (tmp_path / LOCK_NAME).write_text("999999\n")
+    lock = lock_out_dir(tmp_path)
+    try:
+        assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    finally:
+        lock.close()
+
+
+def test_an_atomic_file_reaches_the_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    """Renamed before fsync, a power loss could leave an empty file in place of the old checkpoint."""
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(atomic.os, "replace", lambda a, b: (calls.append("replace"), real_replace(a, b))[1])
+    write_text_atomic(tmp_path / "summary.json", "{}")
+    assert calls == ["fsync", "replace"] and (tmp_path / "summary.json").read_text() == "{}"

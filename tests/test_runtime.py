@@ -2,13 +2,14 @@
 every test but test_gpu.py sees it (conftest)."""
 import os
 import re
+import signal
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from runtime import autocast_context, gpu_peak_flops, peak_flops, resolve_device, resolve_dtype
+from runtime import StopSignals, autocast_context, gpu_peak_flops, peak_flops, resolve_device, resolve_dtype
 
 
 @pytest.mark.parametrize("name, flops", [
@@ -62,6 +63,21 @@ def test_tests_see_a_machine_without_a_gpu_in_process_and_in_the_processes_they_
                              capture_output=True, text=True, check=True)
     assert started.stdout.strip() == "False"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_repeated_sigterm_still_saves_first_and_a_second_ctrl_c_stops_at_once():
+    """A scheduler may send SIGTERM again before the run has saved: that must not cut the save short. A
+    person pressing Ctrl-C twice wants out now."""
+    with StopSignals() as signals:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            pytest.fail("the second SIGTERM raised KeyboardInterrupt: the run would stop before it saves")
+        assert signals.received == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored on the way out
 
 
 def test_autocast_only_for_half_precision():

@@ -210,6 +210,8 @@ def test_init_from_gpt2_with_other_attention_is_a_clear_error(tmp_path, data_dir
 
 @pytest.mark.parametrize("override, words", [
     ({"beta2": 1.5}, ["'beta2'=1.5", "[0, 1)"]),
+    ({"beta2": 1.0}, ["'beta2'=1.0", "[0, 1)"]),
+    ({"eval_interval": 0}, ["'eval_interval'=0", "at least 1"]),
     ({"beta1": -0.1}, ["'beta1'=-0.1", "[0, 1)"]),
     ({"hellaswag_batch_size": 0}, ["'hellaswag_batch_size'=0", "at least 1"]),
     ({"seed": 2**64 - 1}, [f"'seed'={2**64 - 1}", "[0, 2**63)"]),
@@ -571,6 +573,10 @@ def test_cpu_threads_follow_the_cores_other_processes_leave_free(monkeypatch):
         threads.adjust()
         assert current[-1] == expected
     assert current == [4, 3, 1, 4]  # torch is told only when the count changes
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)  # more logical cores than torch's default uses
+    threads.mark = (0.0, 0.0, 0.0)
+    threads.adjust()  # an idle machine: still torch's default at most
+    assert current[-1] == 4
     CpuThreads(num_threads=2, device="cpu")
     assert current[-1] == 2
 
@@ -605,6 +611,22 @@ def test_run_writes_checkpoint_log_and_summary(tmp_path, data_dir):
     assert summary["best_val_loss"] == min(r["val_loss"] for r in evals)
     for key in ("mean_ms_per_iter", "tokens_per_s", "peak_memory_bytes", "wall_time_s", "final_train_loss"):
         assert summary[key] > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_loss_is_scaled_under_float16_only(dtype, tmp_path, data_dir, monkeypatch):
+    """bfloat16 has float32's exponent range: its gradients need no scaling, which would only cost
+    work and skip steps."""
+    enabled = []
+
+    class RecordingScaler(torch.amp.GradScaler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            enabled.append(self.is_enabled())
+
+    monkeypatch.setattr(torch.amp, "GradScaler", RecordingScaler)
+    T.train(tiny(tmp_path, data_dir, dtype=dtype, max_iters=1), verbose=False)
+    assert enabled == [False]
 
 
 def test_loss_falls(tmp_path, data_dir):
