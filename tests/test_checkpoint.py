@@ -1,7 +1,10 @@
-"""checkpoint.py: what may be written (finite tensors only, with the umask's permissions) and what
-a file that is not one of our checkpoints is called when it is read."""
+"""checkpoint.py and atomic.py: what may be written (finite tensors only, with the umask's permissions),
+what a file that is not one of our checkpoints is called when it is read, the out_dir lock, and files
+written whole: on disk before they replace the old one, and a killed writer's leftovers removed."""
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ import atomic
 from atomic import write_text_atomic
 from checkpoint import (LOCK_NAME, CheckpointError, NonFiniteCheckpointError, first_non_finite, load_checkpoint,
                         load_weights, lock_out_dir, save_checkpoint)
+from conftest import REPO
 from model import GPT, GPTConfig
 
 
@@ -125,3 +129,22 @@ def test_an_atomic_file_reaches_the_disk_before_it_replaces_the_old_one(tmp_path
     monkeypatch.setattr(atomic.os, "replace", lambda a, b: (calls.append("replace"), real_replace(a, b))[1])
     write_text_atomic(tmp_path / "summary.json", "{}")
     assert calls == ["fsync", "replace"] and (tmp_path / "summary.json").read_text() == "{}"
+
+
+def test_a_writer_killed_mid_write_leaves_a_file_the_next_writer_removes(tmp_path):
+    """No handler runs on a SIGKILL: the temporary file stays, named with its writer's pid, so that a
+    later run can tell it from one a live process is still writing, and remove it."""
+    target = tmp_path / "ckpt.pt"
+    writer = ("import sys, time\nfrom atomic import atomic_file\nwith atomic_file(sys.argv[1]) as f:\n"
+              "    f.write('half'); f.flush(); print('writing', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(target)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "writing\n"
+        assert atomic.remove_abandoned(target) == []  # its writer is alive
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    left = [tmp_path / f"ckpt.pt.{proc.pid}.tmp"]
+    assert sorted(tmp_path.iterdir()) == left
+    assert atomic.remove_abandoned(target) == left and not any(tmp_path.iterdir())

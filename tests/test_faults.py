@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import train as T
-from checkpoint import load_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 from conftest import REPO
-from distributed import SHARDED_NAME, TRAIN_STATE_NAME, load_train_state
+from distributed import SHARDED_NAME, TRAIN_STATE_NAME, load_train_state, newest_shards
 from faults import Killed, alive, kill_after
 from launcher import child_pids
 from test_fsdp import assert_same_params, one_process_group, train_losses  # noqa: F401  a fixture
@@ -65,6 +65,18 @@ def folders(out_dir):
 def assert_same_run(out_dir, reference):
     assert_same_params(params(out_dir), params(reference))
     assert train_losses(out_dir) == train_losses(reference)
+
+
+def test_complete_shard_folders_of_one_iteration_resume_from_the_one_written_last(tmp_path):
+    """A kill between the renames of a commit can leave .old, the canonical folder and .tmp complete at the
+    same iteration (a resume that saved at once): .tmp was written last, then the canonical one."""
+    written_first_to_last = [tmp_path / (SHARDED_NAME + suffix) for suffix in (".old", "", ".tmp")]
+    for folder in written_first_to_last:
+        save_checkpoint({"iter_num": 5}, folder / TRAIN_STATE_NAME)
+    for expected in reversed(written_first_to_last):
+        assert newest_shards(tmp_path) == expected
+        (expected / TRAIN_STATE_NAME).unlink()  # no longer complete
+    assert newest_shards(tmp_path) is None
 
 
 @pytest.mark.slow

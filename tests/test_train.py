@@ -372,6 +372,18 @@ def test_resume_with_other_model_args_is_a_clear_error(tmp_path, data_dir):
     assert (tmp_path / "out" / CHECKPOINT_NAME).read_bytes() == before
 
 
+def test_a_checkpoint_without_optimizer_state_is_not_a_resume_point(tmp_path, data_dir):
+    """Weights alone (what a user who stripped the optimizer to share a checkpoint keeps) sample, but a
+    resume would restart AdamW's moments from zero: not the run it claims to continue."""
+    T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)
+    path = tmp_path / "out" / CHECKPOINT_NAME
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["optimizer"]
+    save_checkpoint(ckpt, path)
+    with pytest.raises(CheckpointError, match="it has no 'optimizer', so it is not a training checkpoint"):
+        T.train(tiny(tmp_path, data_dir, max_iters=4, init_from="resume"), verbose=False)
+
+
 def test_a_resume_may_change_dropout_and_frees_the_loaded_checkpoint(tmp_path, data_dir, monkeypatch):
     """As in NanoGPT, dropout is the resume's own (no weight depends on it); the checkpoint it loaded
     (a copy of the weights and AdamW's moments) is not held while the run trains."""
@@ -611,6 +623,8 @@ def test_run_writes_checkpoint_log_and_summary(tmp_path, data_dir):
     assert summary["best_val_loss"] == min(r["val_loss"] for r in evals)
     for key in ("mean_ms_per_iter", "tokens_per_s", "peak_memory_bytes", "wall_time_s", "final_train_loss"):
         assert summary[key] > 0
+    after_the_first = [r["ms_per_iter"] for r in train_records[1:]]  # the first pays for warm-up or compile
+    assert summary["mean_ms_per_iter"] == pytest.approx(sum(after_the_first) / len(after_the_first), rel=1e-9)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
