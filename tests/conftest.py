@@ -23,7 +23,8 @@ VARIANTS = list(ATTENTION_CLASSES)  # the paper's four and the worked example: w
 
 TINY = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, bias=True)
 LLAMA = dict(norm="rmsnorm", pos="rope", mlp="swiglu", intermediate_size=48, bias=False, tie_embeddings=False)
-GQA = dict(LLAMA, n_kv_head=2)  # 4 query heads share 2 key/value heads
+# 4 query heads share 2 key/value heads, at Llama 3's RoPE base (the other shapes use the default, 10000)
+GQA = dict(LLAMA, n_kv_head=2, rope_theta=500000.0)
 # the paper's 1B model in small: one head wider than SDPA's fused kernels take (model.attention_by_matmuls)
 WIDE_HEAD = dict(LLAMA, n_head=1, n_embd=264)
 # every variant GPT-2-style and Llama-style, grouped-query standard attention (the only one with W^K, W^V),

@@ -53,12 +53,28 @@ def test_rmsnorm_is_x_over_its_rms_times_the_gain():
     torch.testing.assert_close(norm(x), expected)
 
 
-def test_swiglu_is_down_of_silu_gate_times_up():
-    mlp = llama_model("standard").transformer.h[0].mlp
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_is_down_of_silu_gate_times_up(bias):
+    mlp = llama_model("standard", bias=bias).transformer.h[0].mlp
     x = torch.randn(2, 3, TINY["n_embd"])
-    gate, up = mlp.c_fc.weight[:48], mlp.c_fc.weight[48:]
-    expected = (F.silu(x @ gate.T) * (x @ up.T)) @ mlp.c_proj.weight.T
+    W, b = mlp.c_fc.weight, mlp.c_fc.bias if bias else torch.zeros(96)
+    with torch.no_grad():
+        for p in mlp.parameters():  # biases start at zero: make them count
+            p.normal_()
+    gate, up = x @ W[:48].T + b[:48], x @ W[48:].T + b[48:]
+    expected = (F.silu(gate) * up) @ mlp.c_proj.weight.T + (mlp.c_proj.bias if bias else 0.0)
     torch.testing.assert_close(mlp(x), expected)
+
+
+def test_the_model_turns_by_its_configured_rope_base():
+    """Angle p * theta^(-2m / d_k) for pair m at position p, with the config's theta (Llama 3's here)."""
+    model = llama_model("standard", rope_theta=500000.0)
+    T, head_dim = TINY["block_size"], TINY["n_embd"] // TINY["n_head"]
+    positions = torch.arange(T)
+    _, (cos, sin) = model.embed(torch.zeros(1, T, dtype=torch.long), positions)
+    angles = positions[:, None].double() * 500000.0 ** (-torch.arange(0, head_dim, 2).double() / head_dim)
+    torch.testing.assert_close(cos[:, 0], angles.cos().float())
+    torch.testing.assert_close(sin[:, 0], angles.sin().float())
 
 
 def test_rope_scores_depend_only_on_relative_positions():
@@ -86,7 +102,7 @@ def test_grouped_query_attention_equals_standard_with_repeated_key_value_heads()
     """n_kv_head=2 of 4 heads is standard attention whose query heads 0,1 share W^K_0, W^V_0 and 2,3
     share W^K_1, W^V_1: copy each shared head's rows into a full n_kv_head=n_head model."""
     gqa = llama_model("standard", GQA)
-    full = llama_model("standard")
+    full = llama_model("standard", rope_theta=GQA["rope_theta"])  # GQA's model with n_kv_head = n_head
     d, dk = TINY["n_embd"], TINY["n_embd"] // TINY["n_head"]
     state = gqa.state_dict()
 

@@ -255,6 +255,14 @@ def test_optimizer_keeps_the_upper_triangle_of_w_a_exactly_zero():
         assert not torch.equal(W.tril(), torch.eye(TINY["block_size"]))  # it did learn
 
 
+def test_the_optimizer_takes_the_given_learning_rate_and_betas():
+    """train.py sets each group's lr at every step; other callers rely on the one given here."""
+    optimizer = tiny_model("standard").configure_optimizers(0.1, 3e-3, (0.85, 0.97), "cpu")
+    assert [(g["lr"], g["betas"], g["weight_decay"]) for g in optimizer.param_groups] == [
+        (3e-3, (0.85, 0.97), 0.1), (3e-3, (0.85, 0.97), 0.0)]
+    assert optimizer.defaults["fused"]  # one kernel for all parameters, on CPU as on CUDA
+
+
 def test_weight_decay_groups():
     model = tiny_model("super")
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")

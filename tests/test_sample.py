@@ -53,6 +53,22 @@ def test_samples_from_a_char_checkpoint_of_every_variant(tmp_path, capsys, atten
     assert re.search(rf"80 tokens in [\d.]+ s: [\d.]+ tokens/s \({attention} attention, char tokenizer", samples[2])
 
 
+def test_temperature_and_top_k_reach_the_model(tmp_path, capsys, monkeypatch):
+    write_checkpoint(tmp_path)
+    seen = []
+    real_generate = GPT.generate
+
+    def recording(model, idx, max_new_tokens, **kwargs):
+        seen.append((kwargs["temperature"], kwargs["top_k"]))
+        return real_generate(model, idx, max_new_tokens, **kwargs)
+
+    monkeypatch.setattr(GPT, "generate", recording)
+    code, _, err = run(capsys, "--out_dir", tmp_path, "--num_samples", 2, "--max_new_tokens", 3,
+                       "--temperature", 0.3, "--top_k", 7)
+    assert code == 0, err
+    assert seen == [(0.3, 7), (0.3, 7)]
+
+
 def test_seed_kv_cache_and_file_prompt(tmp_path, capsys):
     write_checkpoint(tmp_path / "ck", "super", block_size=16)
     prompt = tmp_path / "prompt.txt"

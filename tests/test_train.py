@@ -924,6 +924,10 @@ def test_ddp_stopped_by_sigterm_exits_0_and_equals_single_process(tmp_path, data
     single = params(tmp_path / "single" / "out")
     for key in single:
         torch.testing.assert_close(ddp["model"][key], single[key], rtol=1e-5, atol=1e-6, msg=key)
+    tokens_per_iter = 4 * 3 * 16  # gradient_accumulation_steps x batch_size x block_size, over both ranks
+    log = (tmp_path / "ddp" / "out" / "log.jsonl").read_text().splitlines()
+    for record in (r for r in map(json.loads, log) if r["type"] == "train"):
+        assert record["tokens_per_s"] == pytest.approx(tokens_per_iter / (record["ms_per_iter"] / 1000), rel=1e-9)
 
 
 def test_ddp_interrupted_by_ctrl_c_exits_0(tmp_path, data_dir):
