@@ -627,10 +627,10 @@ def test_run_writes_checkpoint_log_and_summary(tmp_path, data_dir):
     assert summary["mean_ms_per_iter"] == pytest.approx(sum(after_the_first) / len(after_the_first), rel=1e-9)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_loss_is_scaled_under_float16_only(dtype, tmp_path, data_dir, monkeypatch):
-    """bfloat16 has float32's exponent range: its gradients need no scaling, which would only cost
-    work and skip steps."""
+@pytest.mark.parametrize("dtype, scaled", [("float32", False), ("bfloat16", False), ("float16", True)])
+def test_the_loss_is_scaled_under_float16_only(dtype, scaled, tmp_path, data_dir, monkeypatch):
+    """float16's gradients underflow unless the loss is scaled up; bfloat16 has float32's exponent range,
+    so scaling would only cost work and skip steps."""
     enabled = []
 
     class RecordingScaler(torch.amp.GradScaler):
@@ -640,7 +640,7 @@ def test_the_loss_is_scaled_under_float16_only(dtype, tmp_path, data_dir, monkey
 
     monkeypatch.setattr(torch.amp, "GradScaler", RecordingScaler)
     T.train(tiny(tmp_path, data_dir, dtype=dtype, max_iters=1), verbose=False)
-    assert enabled == [False]
+    assert enabled == [scaled]
 
 
 def test_loss_falls(tmp_path, data_dir):
