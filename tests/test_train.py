@@ -928,6 +928,9 @@ def test_ddp_stopped_by_sigterm_exits_0_and_equals_single_process(tmp_path, data
     log = (tmp_path / "ddp" / "out" / "log.jsonl").read_text().splitlines()
     for record in (r for r in map(json.loads, log) if r["type"] == "train"):
         assert record["tokens_per_s"] == pytest.approx(tokens_per_iter / (record["ms_per_iter"] / 1000), rel=1e-9)
+    summary = json.loads((tmp_path / "ddp" / "out" / "summary.json").read_text())
+    assert summary["tokens_per_iter"] == tokens_per_iter
+    assert summary["tokens_per_s"] == pytest.approx(tokens_per_iter / (summary["mean_ms_per_iter"] / 1000), rel=1e-9)
 
 
 def test_ddp_interrupted_by_ctrl_c_exits_0(tmp_path, data_dir):
