@@ -58,6 +58,11 @@ def params(out_dir):
     return load_checkpoint(out_dir)["model"]
 
 
+def read_log(out_dir):
+    """The records of out_dir's log.jsonl, in order."""
+    return [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+
+
 def subprocess_env():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     env.pop("RANK", None)
@@ -605,7 +610,7 @@ def test_run_writes_checkpoint_log_and_summary(tmp_path, data_dir):
     assert ckpt["config"]["max_iters"] == 6 and ckpt["meta"]["tokenizer"] == "char"
     assert not any(k.startswith("_orig_mod.") for k in ckpt["model"])
 
-    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    records = read_log(out)
     train_records = [r for r in records if r["type"] == "train"]
     evals = [r for r in records if r["type"] == "eval"]
     assert [r["iter"] for r in train_records] == [1, 2, 3, 4, 5, 6]
@@ -646,7 +651,7 @@ def test_the_loss_is_scaled_under_float16_only(dtype, scaled, tmp_path, data_dir
 def test_loss_falls(tmp_path, data_dir):
     T.train(tiny(tmp_path, data_dir, max_iters=40, eval_interval=40, learning_rate=3e-3,
             lr_decay_iters=40), verbose=False)
-    records = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    records = read_log(tmp_path / "out")
     evals = [r["val_loss"] for r in records if r["type"] == "eval"]
     assert evals[-1] < evals[0] - 0.5, evals
 
@@ -663,7 +668,7 @@ def first_gradients_and_log(tmp_path, data_dir, monkeypatch, **overrides):
 
     monkeypatch.setattr(T, "forward_backward", recording)
     T.train(tiny(tmp_path, data_dir, max_iters=1, **overrides), verbose=False)
-    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "out")
     return gradients[0], [r for r in log if r["type"] == "train"]
 
 
@@ -681,7 +686,7 @@ def test_accumulated_micro_batches_equal_one_large_batch(tmp_path, data_dir, mon
 def test_mfu_counts_every_micro_batch_of_an_iteration(tmp_path, data_dir):
     c = tiny(tmp_path, data_dir, max_iters=3, batch_size=2, gradient_accumulation_steps=3, peak_flops=1e12)
     summary = T.train(c, verbose=False)
-    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "out")
     tokens_per_iter = c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]
     flops_per_iter = summary["flops_per_token"] * tokens_per_iter
     for r in (r for r in log if r["type"] == "train"):
@@ -708,7 +713,7 @@ def test_resume_equals_uninterrupted_training(tmp_path, data_dir, attention):
     assert split["iter_num"] == straight["iter_num"] == 8
     assert split["best_val_loss"] == straight["best_val_loss"]
     # the resumed log continues the first one
-    log = [json.loads(line) for line in (tmp_path / "split" / "out" / "log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "split" / "out")
     assert [r["iter"] for r in log if r["type"] == "train"] == list(range(1, 9))
 
 
@@ -925,8 +930,7 @@ def test_ddp_stopped_by_sigterm_exits_0_and_equals_single_process(tmp_path, data
     for key in single:
         torch.testing.assert_close(ddp["model"][key], single[key], rtol=1e-5, atol=1e-6, msg=key)
     tokens_per_iter = 4 * 3 * 16  # gradient_accumulation_steps x batch_size x block_size, over both ranks
-    log = (tmp_path / "ddp" / "out" / "log.jsonl").read_text().splitlines()
-    for record in (r for r in map(json.loads, log) if r["type"] == "train"):
+    for record in (r for r in read_log(tmp_path / "ddp" / "out") if r["type"] == "train"):
         assert record["tokens_per_s"] == pytest.approx(tokens_per_iter / (record["ms_per_iter"] / 1000), rel=1e-9)
     summary = json.loads((tmp_path / "ddp" / "out" / "summary.json").read_text())
     assert summary["tokens_per_iter"] == tokens_per_iter
@@ -1220,7 +1224,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_dir):
     log = tmp_path / "out" / "log.jsonl"
     deadline = time.time() + 90
     while time.time() < deadline:
-        if log.exists() and log.read_text().count('"type": "train"') >= 3:
+        if log_records_so_far(log) >= 3:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -1228,7 +1232,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, data_dir):
     assert proc.returncode == 0, stderr
     assert "received SIGTERM" in stdout
     ckpt = load_checkpoint(tmp_path / "out")
-    last = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    last = read_log(tmp_path / "out")[-1]
     assert ckpt["iter_num"] == last["iter"] >= 3
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["stop_reason"] == "SIGTERM"
 
@@ -1280,7 +1284,7 @@ def send_signal_during_iteration(monkeypatch, iteration, sig=signal.SIGINT):
 
 
 def log_records(out_dir, kind):
-    return [r["iter"] for r in map(json.loads, (out_dir / "log.jsonl").read_text().splitlines()) if r["type"] == kind]
+    return [r["iter"] for r in read_log(out_dir) if r["type"] == kind]
 
 
 def test_resume_from_a_signal_on_an_evaluation_boundary_still_evaluates(tmp_path, data_dir, monkeypatch):
@@ -1375,7 +1379,7 @@ def test_hellaswag_hook_is_optional(tmp_path, data_dir, monkeypatch):
         acc=0.25, acc_norm=0.5, acc_char_norm=0.5, n=3)
     monkeypatch.setitem(sys.modules, "eval_hellaswag", fake)
     T.train(tiny(tmp_path, data_dir, max_iters=4, hellaswag_interval=2, hellaswag_file="x.jsonl"), verbose=False)
-    records = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    records = read_log(tmp_path / "out")
     hs = [r for r in records if r["type"] == "hellaswag"]
     assert [r["iter"] for r in hs] == [2, 4] and hs[0]["acc_norm"] == 0.5 and hs[0]["n"] == 3
 
