@@ -1,12 +1,13 @@
 """data.py's batches: each target is the token that follows its input, and the offsets reach every
-window of the file and none past its end. (The data contract's checks are tested through train.py,
-in tests/test_train.py.)"""
+window of the file and none past its end. The data contract's edges: odd-sized token files, ids at
+the vocabulary size, the model's vocabulary. (Its other checks are tested through train.py, in
+tests/test_train.py.)"""
 import numpy as np
 import pytest
 import torch
 
-from data import Batches
-from tokenizer import TOKEN_DTYPE
+from data import Batches, DataError, check_data, choose_vocab_size
+from tokenizer import TOKEN_DTYPE, write_meta
 
 
 def counting_tokens(tmp_path, n):
@@ -38,3 +39,47 @@ def test_offsets_reach_every_window_and_none_past_the_end(tmp_path, n_windows):
     for ix in offsets:
         x, y = batches.get(ix)
         assert x.shape == y.shape == (16, T)
+
+
+def char_data(d, train_ids, val_ids, vocab_size):
+    d.mkdir(parents=True, exist_ok=True)
+    np.asarray(train_ids, dtype=TOKEN_DTYPE).tofile(d / "train.bin")
+    np.asarray(val_ids, dtype=TOKEN_DTYPE).tofile(d / "val.bin")
+    chars = "".join(chr(33 + i) for i in range(vocab_size))
+    write_meta(d, {"tokenizer": "char", "vocab_size": vocab_size, "chars": chars,
+                   "tokens": {"train": len(train_ids), "val": len(val_ids)}})
+    return d
+
+
+def test_the_largest_id_of_either_split_is_the_one_the_model_must_fit(tmp_path):
+    d = char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 30, vocab_size=40)
+    meta, n_tokens, max_token = check_data(d, block_size=8)
+    assert (meta["vocab_size"], n_tokens, max_token) == (40, {"train": 50, "val": 50}, 29)
+
+
+def test_an_id_equal_to_the_vocab_size_is_outside_it(tmp_path):
+    d = char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 41, vocab_size=40)
+    with pytest.raises(DataError, match="holds token id 40, but its meta.json says vocab_size=40"):
+        check_data(d, block_size=8)
+
+
+def test_a_token_file_of_an_odd_number_of_bytes_is_not_uint16_tokens(tmp_path):
+    d = char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 20, vocab_size=40)
+    with open(d / "val.bin", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(DataError, match="val.bin has an odd number of bytes"):
+        check_data(d, block_size=8)
+
+
+def test_the_model_vocab_size_must_exceed_the_largest_id():
+    meta = {"tokenizer": "char", "vocab_size": 40}
+    assert choose_vocab_size({"init_from": "scratch", "vocab_size": 0}, meta, 39, "data") == 40
+    assert choose_vocab_size({"init_from": "scratch", "vocab_size": 41}, meta, 40, "data") == 41
+    with pytest.raises(DataError, match="vocab_size=40 is too small .* so vocab_size must be at least 41"):
+        choose_vocab_size({"init_from": "scratch", "vocab_size": 40}, meta, 40, "data")
+
+
+def test_gpt2_weights_need_gpt2_bpe_data():
+    meta = {"tokenizer": "char", "vocab_size": 40}
+    with pytest.raises(DataError, match="init_from='gpt2' needs GPT-2 BPE data, but data is char-level"):
+        choose_vocab_size({"init_from": "gpt2", "vocab_size": 0}, meta, 39, "data")

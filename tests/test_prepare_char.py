@@ -1,5 +1,6 @@
 """prepare_char.py: character-level datasets from Tiny Shakespeare or the Python standard library."""
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -35,6 +36,16 @@ def test_fast_encoding_matches_the_tokenizer():
     wide = "naïve → ok ✓"
     tok = CharTokenizer("".join(sorted(set(wide))))
     assert P.encode(wide, tok).tolist() == tok.encode(wide)
+    many = "".join(chr(0x4E00 + i) for i in range(300))  # more characters than one byte can number
+    tok = CharTokenizer(many)
+    assert P.encode(many, tok).tolist() == tok.encode(many) == list(range(300))
+
+
+def test_more_characters_than_uint16_ids_can_number_are_refused(tmp_path):
+    text = "".join(chr(0x10000 + i) for i in range(65537))
+    with pytest.raises(P.PrepareError, match="65537 distinct characters do not fit in uint16"):
+        P.prepare(text, tmp_path / "out", "test")
+    assert not (tmp_path / "out").exists()
 
 
 def test_stdlib_corpus_is_offline_ascii_python():
@@ -46,6 +57,20 @@ def test_stdlib_corpus_is_offline_ascii_python():
     text = P.stdlib_corpus(max_chars=200_000)
     assert len(text) == 200_000 and text.isascii()
     assert P.stdlib_corpus(max_chars=200_000) == text  # deterministic
+
+
+def test_stdlib_corpus_is_every_nonempty_ascii_file_separated_by_a_blank_line(tmp_path):
+    files = {"a.py": "import os\n", "pkg/b.py": "x = 1\r\ny = 2\n", "pkg/__init__.py": "",
+             "site-packages/c.py": "import numpy\n", "d.py": "s = 'café'\n", "e.txt": "not python\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(text.encode("utf-8"))
+    kept = sorted(["a.py", "pkg/b.py"], key=lambda n: hashlib.sha1(n.encode()).hexdigest())
+    texts = {"a.py": "import os\n", "pkg/b.py": "x = 1\ny = 2\n"}
+    assert P.stdlib_files(tmp_path) == [(name, texts[name]) for name in kept]
+    assert P.stdlib_corpus(tmp_path) == P.stdlib_corpus(tmp_path, max_chars=0) == "\n\n".join(texts[n] for n in kept)
+    with pytest.raises(P.PrepareError, match="found no .py files under"):
+        P.stdlib_corpus(tmp_path / "pkg" / "empty")
 
 
 def test_command_line_stdlib(tmp_path):
@@ -66,6 +91,26 @@ def test_command_line_local_file(tmp_path):
     meta = read_meta(out)
     assert meta["source"] == "file:input.txt"
     assert decode_file(out / "train.bin", meta) + decode_file(out / "val.bin", meta) == src.read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]  # no copy of the input
+
+
+def test_command_line_download_keeps_the_text_beside_the_dataset(tmp_path, monkeypatch):
+    text = "First Citizen:\nSpeak, speak.\n" * 20
+
+    class Response(io.BytesIO):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(P.urllib.request, "urlopen", lambda url, timeout: Response(text.encode("utf-8")))
+    out = tmp_path / "shakespeare_char"
+    assert P.main([f"--out_dir={out}"]) == 0
+    meta = read_meta(out)
+    assert meta["source"] == P.SHAKESPEARE_URL
+    assert (out / "input.txt").read_text(encoding="utf-8") == text
+    assert decode_file(out / "train.bin", meta) + decode_file(out / "val.bin", meta) == text
 
 
 def one_error_line(capsys):
@@ -99,11 +144,31 @@ def test_non_utf8_input_is_an_error_line_not_a_traceback(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_windows_line_ends_read_as_before(tmp_path):
+def test_windows_and_old_mac_line_ends_read_as_before(tmp_path):
     src = tmp_path / "crlf.txt"
-    src.write_bytes(b"one\r\ntwo\r\n" * 20)
-    assert P.main([f"--input={src}", f"--out_dir={tmp_path / 'out'}"]) == 0
-    assert "\r" not in read_meta(tmp_path / "out")["chars"]
+    src.write_bytes(b"one\r\ntwo\rthree\n" * 20)
+    out = tmp_path / "out"
+    assert P.main([f"--input={src}", f"--out_dir={out}"]) == 0
+    meta = read_meta(out)
+    assert "\r" not in meta["chars"]
+    assert decode_file(out / "train.bin", meta) + decode_file(out / "val.bin", meta) == "one\ntwo\nthree\n" * 20
+
+
+@pytest.mark.parametrize("text", ["", "a"])
+def test_a_text_too_short_to_split_is_an_error_line(tmp_path, capsys, text):
+    src = tmp_path / "short.txt"
+    src.write_text(text)
+    assert P.main([f"--input={src}", f"--out_dir={tmp_path / 'out'}"]) == 1
+    assert "too short to split into train and val" in one_error_line(capsys)
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_an_out_dir_that_cannot_be_written_is_an_error_line(tmp_path, capsys):
+    src = tmp_path / "text.txt"
+    src.write_text("some text\n" * 20)
+    (tmp_path / "taken").write_text("a file, not a folder")
+    assert P.main([f"--input={src}", f"--out_dir={tmp_path / 'taken'}"]) == 1
+    assert one_error_line(capsys).startswith("error: cannot write the dataset: ")
 
 
 def test_meta_carries_the_fingerprint_of_the_train_text(tmp_path):

@@ -84,24 +84,24 @@ def test_gpt2_tokenizer_interface():
 
 class FakeEncoding:
     eot_token = 50256
-    n_vocab = 50257
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, n_vocab=50257):
+        self.name, self.n_vocab = name, n_vocab
 
 
 @pytest.fixture
 def fake_tiktoken(monkeypatch, tmp_path):
-    """tiktoken.get_encoding replaced by a recorder; `available` says which names load. No network."""
+    """tiktoken.get_encoding replaced by a recorder; `available` says which names load, `n_vocab` which of them
+    have another vocabulary size. No network."""
     import tiktoken
 
-    state = {"asked": [], "available": set()}
+    state = {"asked": [], "available": set(), "n_vocab": {}}
 
     def get_encoding(name):
         state["asked"].append(name)
         if name not in state["available"]:
             raise ConnectionError(f"no network for {name}")
-        return FakeEncoding(name)
+        return FakeEncoding(name, state["n_vocab"].get(name, 50257))
 
     monkeypatch.setattr(tiktoken, "get_encoding", get_encoding)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
@@ -122,6 +122,16 @@ def test_gpt2_encoding_falls_back_to_r50k_base(fake_tiktoken):
     fake_tiktoken["available"] = {"r50k_base"}
     assert gpt2_encoding().name == "r50k_base"
     assert fake_tiktoken["asked"] == ["gpt2", "r50k_base"]
+
+
+def test_an_encoding_with_another_vocabulary_is_not_taken_for_gpt2s(fake_tiktoken):
+    fake_tiktoken["available"] = {"gpt2", "r50k_base"}
+    fake_tiktoken["n_vocab"] = {"gpt2": 100277}
+    assert gpt2_encoding().name == "r50k_base"
+    fake_tiktoken["n_vocab"]["r50k_base"] = 100277
+    gpt2_encoding.cache_clear()
+    with pytest.raises(TokenizerUnavailableError, match="r50k_base: unexpected eot 50256 / vocab size 100277"):
+        gpt2_encoding()
 
 
 def test_gpt2_encoding_unavailable_says_how_to_fix_it(fake_tiktoken):
@@ -158,13 +168,14 @@ def test_read_meta_missing_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("content, problem", [
     ("{not json", "not valid JSON"),
+    (b'{"chars": "caf\xe9"}', "not valid JSON"),  # Latin-1, not UTF-8
     ("[1, 2]", "JSON object"),
     (json.dumps({**CHAR_META, "tokenizer": "bpe"}), '"tokenizer"'),
     (json.dumps({**CHAR_META, "tokens": {"train": 1}}), '"tokens"'),
     (json.dumps({**CHAR_META, "chars": "ab"}), '"chars"'),
 ])
 def test_read_meta_malformed_names_the_file(tmp_path, content, problem):
-    (tmp_path / "meta.json").write_text(content)
+    (tmp_path / "meta.json").write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(ValueError, match=problem) as excinfo:
         read_meta(tmp_path)
     assert str(tmp_path / "meta.json") in str(excinfo.value)
@@ -184,8 +195,9 @@ def test_write_tokens_atomically_round_trip(tmp_path):
     write_tokens_atomically(path, [0, 5, 50256, 65535])
     assert np.memmap(path, dtype=np.uint16, mode="r").tolist() == [0, 5, 50256, 65535]
     assert os.listdir(tmp_path) == ["train.bin"]
-    with pytest.raises(ValueError, match="uint16"):
-        write_tokens_atomically(path, [65536])
+    for outside in ([65536], [3, -1]):  # -1 would be written as 65535
+        with pytest.raises(ValueError, match="uint16"):
+            write_tokens_atomically(path, outside)
     with pytest.raises(ValueError, match="empty"):
         write_tokens_atomically(tmp_path / "empty.bin", [])
 
