@@ -107,7 +107,7 @@ def split_budgets(max_tokens, val_fraction):
     """{"train": at most this many tokens, "val": ...}; None means no limit."""
     if max_tokens is None:
         return {"train": None, "val": None}
-    # in decimal, as the fraction was typed: in binary floats 10 * 0.3 is just under 3, and floor gives 2
+    # in decimal, as the fraction was typed: in binary floats 100 * 0.29 is just under 29, and floor gives 28
     val = math.floor(max_tokens * Decimal(repr(val_fraction)))
     return {"train": max_tokens - val, "val": val}
 

@@ -18,7 +18,7 @@ datasets = pytest.importorskip("datasets", reason="prepare_openwebtext.py needs 
 import atomic
 import prepare_openwebtext
 from conftest import REPO, needs_bpe
-from prepare_openwebtext import PrepareError, hash_router, prepare, split_budgets, token_count
+from prepare_openwebtext import PrepareError, apply_preset, hash_router, prepare, split_budgets, token_count
 from tokenizer import EOT_TOKEN, gpt2_encoding, read_meta
 
 
@@ -180,6 +180,15 @@ def test_a_folder_without_train_names_never_trains_on_another_split(tmp_path, ca
     assert "test.jsonl (named for split 'test')" in capsys.readouterr().out
 
 
+@needs_bpe
+def test_split_names_are_read_as_datasets_reads_them(tmp_path):
+    # "training" is another name of train, and a digit ends a split's name as "-" and "." do
+    folder = write_split_folder(tmp_path / "corpus", ["training", "validation0", "test1"])
+    prepare(str(folder), tmp_path / "out", val_split="validation", val_fraction=0.5)
+    assert {doc.split()[0] for doc in read_split(tmp_path / "out" / "train.bin")} == {"training"}
+    assert {doc.split()[0] for doc in read_split(tmp_path / "out" / "val.bin")} == {"validation0"}
+
+
 def test_a_folder_of_other_splits_only_has_nothing_to_train_on(tmp_path, no_tokenizing):
     folder = write_split_folder(tmp_path / "corpus", ["validation", "test"])
     with pytest.raises(PrepareError, match="no file to train on: every file has 'test' or 'validation' as a word"):
@@ -247,7 +256,9 @@ def test_bad_input_is_reported_clearly(tmp_path, no_tokenizing, case, streaming)
 
 
 @pytest.mark.parametrize("option, message", [
-    ({"val_fraction": 1.5}, "val_fraction"), ({"num_proc": 0}, "num_proc"), ({"max_docs": 0}, "max_docs"),
+    ({"val_fraction": 1.5}, "val_fraction"), ({"val_fraction": 0}, "val_fraction must be between 0 and 1"),
+    ({"val_fraction": 1}, "val_fraction must be between 0 and 1"), ({"num_proc": 0}, "num_proc"),
+    ({"max_docs": 0}, "max_docs"),
     ({"max_tokens": 10**6}, "--max_tokens needs --streaming"),
     ({"max_tokens": 0, "streaming": True}, "--max_tokens must be at least 1"),
     ({"max_tokens": 1999, "streaming": True}, "leaves val.bin no token"),  # 1999 * 0.0005 < 1
@@ -303,12 +314,34 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_a_missing_path_is_reported_before_the_tokenizer_is_loaded(tmp_path, monkeypatch):
+@pytest.fixture
+def no_bpe(monkeypatch):
+    """The GPT-2 BPE cannot be loaded (offline, no tiktoken cache)."""
     def unavailable():
         raise prepare_openwebtext.TokenizerUnavailableError("no BPE")
     monkeypatch.setattr(prepare_openwebtext, "gpt2_encoding", unavailable)
+
+
+def test_a_missing_path_is_reported_before_the_tokenizer_is_loaded(tmp_path, no_bpe):
     with pytest.raises(PrepareError, match="no such file or folder"):
         prepare(str(tmp_path / "missing.jsonl"), tmp_path / "out")
+
+
+def test_a_mistyped_relative_file_name_is_not_looked_up_on_the_hub(tmp_path, no_tokenizing, monkeypatch):
+    def load_dataset(*args, **kwargs):
+        raise AssertionError("corpus.jsonl names a local file, not a hub dataset")
+    monkeypatch.setattr(prepare_openwebtext, "load_dataset", load_dataset)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PrepareError, match="corpus.jsonl: no such file or folder"):
+        prepare("corpus.jsonl", tmp_path / "out")
+
+
+def test_cli_reports_an_unavailable_tokenizer_without_a_traceback(tmp_path, no_bpe):
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": "a"}, {"text": "b"}])
+    with pytest.raises(SystemExit) as exited:
+        prepare_openwebtext.main(["--dataset", str(source), "--out_dir", str(tmp_path / "out")])
+    assert exited.value.code == "error: no BPE"
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow  # a subprocess importing datasets: about 5 s on 2 busy cores
@@ -377,6 +410,25 @@ def fitting_prefix(documents, budget):
 
 
 @needs_bpe
+@pytest.mark.parametrize("streaming", [False, True])
+def test_text_column_names_the_column_the_documents_are_read_from(tmp_path, streaming):
+    documents = make_documents(20)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": "not the document", "body": doc} for doc in documents])
+    meta = prepare(str(source), tmp_path / "out", text_column="body", val_fraction=0.2, streaming=streaming)
+    train, val = read_split(tmp_path / "out" / "train.bin"), read_split(tmp_path / "out" / "val.bin")
+    assert sorted(train + val) == sorted(documents) and meta["text_column"] == "body"
+
+
+@needs_bpe
+def test_streams_that_open_with_empty_documents_count_them_all(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare_openwebtext, "BATCH_DOCS", 2)  # each split's first batch is empty documents only
+    folder = write_c4_folder(tmp_path / "c4", EMPTY_DOCUMENTS + make_documents(10), EMPTY_DOCUMENTS + VAL_DOCUMENTS)
+    meta = prepare(str(folder), tmp_path / "out", val_split="validation", streaming=True)
+    assert meta["empty_documents_skipped"] == 4
+    assert read_split(tmp_path / "out" / "val.bin") == VAL_DOCUMENTS
+
+
+@needs_bpe
 def test_streamed_run_writes_the_same_files_as_the_loaded_run(tmp_path):
     documents = make_documents(40)
     with_empty = documents[:7] + EMPTY_DOCUMENTS + documents[7:]
@@ -437,7 +489,7 @@ def test_hash_router_is_seeded_and_depends_on_the_text_only():
 
 def test_budgets_split_max_tokens_as_typed():
     assert split_budgets(30_000_000_000, 0.0005) == {"train": 29_985_000_000, "val": 15_000_000}
-    assert split_budgets(10, 0.3) == {"train": 7, "val": 3}  # not floor(10 * 0.3) == 2 of binary floats
+    assert split_budgets(100, 0.29) == {"train": 71, "val": 29}  # not 28: 100 * 0.29 is 28.999999999999996 in floats
     assert split_budgets(None, 0.3) == {"train": None, "val": None}
 
 
@@ -453,6 +505,11 @@ def test_max_tokens_rejects_what_is_not_a_count(text):
         token_count(text)
 
 
+def max_tokens_for(train_budget):
+    """The --max_tokens that leaves train.bin train_budget tokens with --val_fraction 0.25."""
+    return next(n for n in range(train_budget, 2 * train_budget) if n - n // 4 == train_budget)
+
+
 @needs_bpe
 @pytest.mark.parametrize("cut", ["inside a document", "at the end of a document"])
 def test_max_tokens_cuts_each_split_at_a_document_boundary(tmp_path, cut):
@@ -460,7 +517,7 @@ def test_max_tokens_cuts_each_split_at_a_document_boundary(tmp_path, cut):
     folder = write_c4_folder(tmp_path / "c4", documents, VAL_DOCUMENTS)
     # a train budget that ends inside document 12, or exactly after it; val gets a quarter of max_tokens
     train_budget = sum(token_lengths(documents[:12])) + (3 if cut == "inside a document" else 0)
-    max_tokens = next(n for n in range(train_budget, 2 * train_budget) if n - n // 4 == train_budget)
+    max_tokens = max_tokens_for(train_budget)
     val_budget = max_tokens // 4
 
     meta = prepare(str(folder), tmp_path / "out", val_split="validation", streaming=True,
@@ -474,6 +531,24 @@ def test_max_tokens_cuts_each_split_at_a_document_boundary(tmp_path, cut):
     assert sum(meta["tokens"].values()) <= max_tokens and meta["max_tokens"] == max_tokens
     assert (meta["tokens"]["train"] == train_budget) == (cut == "at the end of a document")  # the budget is inclusive
     assert meta["documents"] == {"train": 12, "val": len(val)}
+
+
+@needs_bpe
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_a_budget_keeps_a_prefix_though_shorter_documents_follow(tmp_path, monkeypatch, num_proc):
+    monkeypatch.setattr(prepare_openwebtext, "BATCH_DOCS", 1)  # threads tokenize the documents after the cut ahead
+    route = hash_router(0.25, seed=2357)
+    pages = [f"Page {i}: " + "many more words " * (20 if i % 2 else 1) for i in range(60)]
+    short, long = ([page for page in pages[parity::2] if route(page) == "train"] for parity in (0, 1))
+    documents = short[:5] + long[:1] + short[5:] + [page for page in pages[::2] if route(page) == "val"]
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": doc} for doc in documents])
+    train_budget = sum(token_lengths(short[:5])) + 10  # the long document does not fit; the short ones after it would
+
+    meta = prepare(str(source), tmp_path / "out", streaming=True, num_proc=num_proc,
+                   max_tokens=max_tokens_for(train_budget), val_fraction=0.25)
+
+    assert (read_ids(tmp_path / "out" / "train.bin") == tokens_of(short[:5])).all()
+    assert meta["documents"]["train"] == 5 and meta["documents"]["val"] > 0
 
 
 @needs_bpe
@@ -579,13 +654,29 @@ def test_the_earlier_meta_json_is_gone_before_new_token_files_replace_the_old(tm
     assert meta_at_rename == {"train.bin": False, "val.bin": False, "meta.json": False}
 
 
+def append_a_cut_off_record(folder):
+    """A malformed record at the end of the last train shard of write_c4_folder's folder; returns the shard."""
+    shard = folder / "en" / "c4-train.00001-of-00002.json.gz"
+    with gzip.open(shard, "at", encoding="utf-8") as file:
+        file.write('{"text": "cut off in the middle of a reco\n')
+    return shard
+
+
+@needs_bpe
+def test_a_met_budget_stops_reading_the_stream(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare_openwebtext, "BATCH_DOCS", 5)
+    folder = write_c4_folder(tmp_path / "c4", make_documents(40), VAL_DOCUMENTS)
+    append_a_cut_off_record(folder)  # never read: the budget is met in the first shard
+    meta = prepare(str(folder), tmp_path / "out", val_split="validation", streaming=True, max_tokens=100,
+                   val_fraction=0.2, num_proc=1)
+    assert 0 < meta["documents"]["train"] < 20
+
+
 @needs_bpe
 def test_unreadable_data_later_in_the_stream_stops_the_run_cleanly(tmp_path, monkeypatch):
     monkeypatch.setattr(prepare_openwebtext, "BATCH_DOCS", 5)
     folder = write_c4_folder(tmp_path / "c4", make_documents(40), VAL_DOCUMENTS)
-    shard = folder / "en" / "c4-train.00001-of-00002.json.gz"
-    with gzip.open(shard, "at", encoding="utf-8") as file:
-        file.write('{"text": "cut off in the middle of a reco\n')
+    shard = append_a_cut_off_record(folder)
     with gzip.open(shard, "rt", encoding="utf-8") as file:
         lines = len(file.read().splitlines())  # the cut-off record is the last
     with pytest.raises(PrepareError, match=rf"could not read split 'train' of .* after \d+ documents.*; first bad "
@@ -618,6 +709,15 @@ def test_c4_preset_streams_allenai_c4_en_into_data_c4(tmp_path, monkeypatch, cap
     assert 0 < meta["tokens"]["train"] <= 240 and 0 < meta["tokens"]["val"] <= 60  # 300 tokens, a fifth for val
     assert meta["documents"]["train"] < 30  # the budget, not the end of the data, stopped it
     assert capsys.readouterr().out.startswith(f"wrote data/c4: {meta['tokens']['train']:,} train tokens")
+
+
+def test_a_preset_fills_only_the_options_left_unset():
+    assert apply_preset("c4", "data/mine", None, False, None) == {
+        "dataset": "allenai/c4", "out_dir": "data/mine", "dataset_config": "en", "streaming": False,
+        "val_split": "validation"}
+    assert apply_preset("corpus/", None, None, None, None) == {
+        "dataset": "corpus/", "out_dir": "data/openwebtext", "dataset_config": None, "streaming": False,
+        "val_split": None}
 
 
 @needs_bpe
