@@ -290,6 +290,22 @@ def test_sizes_are_ordered_by_their_compute(tiny_run):
     assert list(budgets) == ["1x1x256", "12x4x64"] and budgets["1x1x256"] < budgets["12x4x64"]
 
 
+def test_a_run_of_one_iteration_still_evaluates_every_iteration(tiny_run):
+    config, out_dir = tiny_run
+    runs, _ = plan(config, out_dir, "--variants=standard", "--match=tokens", "--budget_tokens=64", "--max_iters=6",
+                   "--eval_interval=3")
+    assert [(r.iterations, r.schedule["eval_interval"]) for r in runs] == [(1, 1)]  # 3 x 1/6 rounds to none
+
+
+def test_seeds_are_the_outermost_loop_and_sizes_follow_their_compute_under_every_budget(tiny_run):
+    config, out_dir = tiny_run
+    runs, budgets = plan(config, out_dir, "--variants=standard,efficient", "--seeds=2", "--sizes=2x2x32,1x1x16")
+    assert list(budgets) == ["1x1x16", "2x2x32"]  # --match=iters: every size's budget is max_iters, not its order
+    expected = [(seed, size, variant) for seed in (0, 1) for size in ("1x1x16", "2x2x32")
+                for variant in ("standard", "efficient")]
+    assert [(r.seed, r.size, r.variant) for r in runs] == expected
+
+
 @pytest.mark.slow
 def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
     """Under torchrun an iteration's micro-batches are split over the processes: a probe without the
@@ -328,6 +344,10 @@ def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
     (["--launcher=torchrunn --standalone"], "'torchrunn' is not a program on PATH"),  # found before the plan
     ([f"--launcher={sys.executable} 'x"], "no closing quotation: quote it as a shell would"),
     (["--launcher= "], "--launcher is blank"),
+    (["--seeds=0"], "--seeds must be at least 1"),
+    (["--match=flops", "--budget_flops=0"], "must be a positive number"),
+    (["--init_from=resume"], "sets attention, seed, out_dir and init_from itself"),
+    (["--learning_rates=1e-3", "--learning_rate=1e-2"], "each run's learning_rate and min_lr are set from the list"),
 ])
 def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, message, capsys):
     config, out_dir = tiny_run
@@ -398,6 +418,36 @@ def test_a_stop_while_scoring_hellaswag_keeps_the_tables_and_the_scores_so_far(t
     assert scored == ["standard-seed0", "efficient-seed0", "efficient-seed0"]  # standard's score was kept
     table = (out_dir / "results.md").read_text()
     assert "| HellaSwag acc |" in table and table.count("| 0.2500 (1) |") == 2
+
+
+def test_hellaswag_scores_are_kept_only_for_the_same_file_limit_and_checkpoint(tmp_path, monkeypatch):
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"trained")
+    data = tmp_path / "hellaswag.jsonl"
+    data.write_text("{}\n")
+    scored = []
+
+    def score(run_dir, data_file, limit):
+        scored.append(limit)
+        return {"acc": 0.25, "acc_norm": 0.5, "acc_char_norm": 0.75}
+
+    monkeypatch.setattr(compare, "evaluate_checkpoint", score)
+    for limit in (None, None, 1):
+        scores = compare.hellaswag_scores(tmp_path, SimpleNamespace(hellaswag_file=str(data), hellaswag_limit=limit))
+        assert scores == {"acc": 0.25, "acc_norm": 0.5, "acc_char_norm": 0.75}
+    os.replace(tmp_path / CHECKPOINT_NAME, tmp_path / "old.pt")  # a new checkpoint, as a retrained run leaves
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"trained again")
+    compare.hellaswag_scores(tmp_path, SimpleNamespace(hellaswag_file=str(data), hellaswag_limit=1))
+    assert scored == [None, 1, 1]
+
+
+def test_an_error_while_scoring_hellaswag_is_an_error_exit_that_keeps_the_tables(tmp_path, monkeypatch, capsys):
+    def unreadable(summaries, plan, args):
+        raise compare.HellaSwagError("line 3 is not JSON")
+
+    monkeypatch.setattr(compare, "add_hellaswag", unreadable)
+    assert compare.score_hellaswag(None, [], {}, lambda: "tables", tmp_path) == (1, "tables")
+    assert capsys.readouterr().err == (f"error: scoring HellaSwag: line 3 is not JSON ({tmp_path / 'results.md'} "
+                                       f"holds every other column)\n")
 
 
 def test_a_learning_rate_sweep_needs_the_configs_learning_rate_for_min_lrs_ratio(tiny_run, capsys):
@@ -633,6 +683,40 @@ def test_a_floor_at_either_end_of_its_search_is_flagged(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["analysis"]["fits"]["standard"]["E_at_bound"] == "0"
 
 
+@pytest.mark.parametrize("C", [[1e9, 1e10, 1e11], [1e10, 1e11, 1e12, 1e13], [3e9, 2e10, 1.1e11, 7e11]])
+def test_a_curve_reaches_its_own_loss_at_the_largest_size_there(C):
+    fit = frontier.fit_loss_curve(C, [1.0 + 30.0 * c ** -0.1 for c in C])
+    assert frontier.reach(fit, frontier.fitted_loss_at_largest(fit)) == ("inside", pytest.approx(C[-1]))
+
+
+def test_no_ratio_where_the_reference_reaches_the_target_outside_its_range():
+    """A given target standard reaches only past its largest size: super, below its smallest there, has no
+    bound either, as standard's compute for the target is not measured."""
+    rows, budgets = synthetic_summaries(["standard", "super"])
+    analysis = frontier.analyse(rows, list(budgets), ["standard", "super"], "standard", 2,
+                                target=1.0 + 30.0 * 5e13 ** -0.1)
+    need = analysis["compute_for_target"]["super"]
+    assert need["reached"] == "below" and need["ratio"] is None and need["ratio_below"] is None
+    assert need["ratio_per_seed"] == need["ratio_below_per_seed"] == [None, None]
+    assert frontier.ratio_cell(analysis, "super") == ("n/a: standard's curve reaches the target outside its measured "
+                                                      "range")
+
+
+def test_without_a_fit_of_the_reference_the_target_is_its_loss_at_the_largest_size():
+    rows, _ = synthetic_summaries(["standard", "efficient"])
+    rows = [r for r in rows if r["size"] in ("s", "m")]
+    analysis = frontier.analyse(rows, ["s", "m"], ["standard", "efficient"], "standard", 2)
+    assert analysis["fits"]["standard"] is None and analysis["target_loss"] == pytest.approx(1.0 + 30.0 * 1e11 ** -0.1)
+
+
+def test_one_seeds_fit_alone_is_no_range_of_alpha():
+    rows, budgets = synthetic_summaries(["standard"])
+    rows = [r for r in rows if r["seed"] == 0 or r["size"] in ("s", "m")]  # seed 1: two sizes, no fit
+    analysis = frontier.analyse(rows, list(budgets), ["standard"], "standard", 2)
+    assert analysis["alpha_per_seed"]["standard"] == [pytest.approx(0.1, rel=1e-3), None]
+    assert analysis["alpha_range"]["standard"] is None and "α per seed" not in frontier.fit_cell(analysis, "standard")
+
+
 # -----------------------------------------------------------------------------
 # a sweep of learning rates: each variant at its best
 
@@ -649,6 +733,12 @@ def test_a_learning_rate_sweep_plans_each_rate_with_min_lr_at_the_configs_ratio(
         assert (c["learning_rate"], c["min_lr"]) == (run.learning_rate, run.learning_rate / 10)
         assert c["max_iters"] == run.iterations == next(r.iterations for r in runs if r.variant == run.variant)
     assert runs[0].iterations == 20 < runs[2].iterations  # the budget does not depend on the learning rate
+
+
+def test_learning_rates_close_together_train_in_folders_named_as_typed(tiny_run):
+    config, out_dir = tiny_run
+    runs, _ = plan(config, out_dir, "--learning_rates=1.21e-3,1.24e-3", "--variants=standard")
+    assert [r.run_dir.name for r in runs] == ["standard-lr0.00121-seed0", "standard-lr0.00124-seed0"]
 
 
 def test_each_variant_is_compared_at_its_best_learning_rate_and_a_wider_grid_reuses_runs(tiny_run, capsys):
@@ -709,6 +799,27 @@ def test_the_best_learning_rate_is_the_lowest_mean_over_seeds():
     table = frontier.learning_rate_table(runs, "s", ["super"], [1e-3, 2e-3, 4e-3, 8e-3], best, n_seeds=2)
     assert table.splitlines()[-1] == ("| super | 2.1500 ± 0.2121 | **2.1100 ± 0.0141** | 2.5000 | "
                                       "diverged (1 of 2 seeds) | 0.002 |")
+
+
+def test_the_loss_plot_shows_the_largest_size_first_seed_at_each_variants_best_learning_rate(tmp_path, monkeypatch):
+    variants = ["standard", "efficient"]
+    rows, budgets = synthetic_summaries(variants)
+    rows = [r | {"learning_rate": lr, "final_val_loss": r["final_val_loss"] + (lr == 2e-3) * 0.1}
+            for r in rows for lr in (1e-3, 2e-3)]  # 1e-3 the better for both, planned before 2e-3
+    planned = [sweep.PlannedRun(size=r["size"], variant=r["attention"], seed=r["seed"], iterations=1, schedule={},
+                                flops_per_token=1, tokens_per_iter=1, learning_rate=r["learning_rate"],
+                                run_dir=tmp_path / r["size"] / sweep.run_name(r["attention"], r["learning_rate"],
+                                                                              r["seed"]))
+               for r in rows]
+    plotted = {}
+    monkeypatch.setattr(frontier, "pyplot", lambda: "plt")
+    monkeypatch.setattr(frontier, "read_log", lambda run_dir: run_dir)
+    monkeypatch.setattr(frontier, "plot_losses", lambda plt, logs, path: plotted.update(logs))
+    for name in ("plot_frontier", "plot_learning_rates"):
+        monkeypatch.setattr(frontier, name, lambda *args: None)
+    frontier.write_report(tmp_path, "header", planned, budgets, rows, variants=variants, reference="standard",
+                          seeds=2, extra={})
+    assert plotted == {v: tmp_path / "xl" / f"{v}-lr0.001-seed0" for v in variants}
 
 
 # -----------------------------------------------------------------------------
@@ -841,6 +952,53 @@ def test_a_resumed_runs_speed_and_memory_cover_every_segment():
     assert total["mean_ms_per_iter"] == pytest.approx(ms) and total["tokens_per_s"] == pytest.approx(1000 / ms * 1000)
     assert total["wall_time_s"] == 102.0 and total["peak_memory_bytes"] == 7
     assert sweep.over_segments(summary, []) == summary  # recorded before segments were
+
+
+def fake_train_launcher(folder):
+    """A --launcher that trains nothing: it notes its arguments and writes the summary.json of a run that
+    reached its --max_iters, one 20 ms step after another."""
+    script, calls = folder / "fake_train.py", folder / "calls.txt"
+    script.write_text("import json, os, sys\n"
+                      f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+                      "args = dict(a[2:].split('=', 1) for a in sys.argv[2:] if a.startswith('--') and '=' in a)\n"
+                      "iters = int(args['max_iters'])\n"
+                      "summary = dict(stop_reason='max_iters', iterations=iters, iterations_this_run=iters,\n"
+                      "               wall_time_s=iters * 0.02, mean_ms_per_iter=20.0, peak_memory_bytes=None,\n"
+                      "               tokens_per_iter=64)\n"
+                      "path = os.path.join(args['out_dir'], 'summary.json')\n"
+                      "open(path + '.tmp', 'w').write(json.dumps(summary))\n"
+                      "os.replace(path + '.tmp', path)\n")
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}", calls
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_and_keeps_its_earlier_segments(tmp_path):
+    launcher, calls = fake_train_launcher(tmp_path)
+    run_dir = tmp_path / "efficient-seed0"
+    run = sweep.PlannedRun(size="1x2x16", variant="efficient", seed=0, iterations=10, schedule={}, flops_per_token=100,
+                           tokens_per_iter=64, run_dir=run_dir,
+                           train_args=["tiny.py", "--attention=efficient", f"--out_dir={run_dir}", "--max_iters=10"])
+    run_dir.mkdir()
+    stopped = {"wall_time_s": 3.0, "iterations_this_run": 4, "mean_ms_per_iter": 50.0, "peak_memory_bytes": None}
+    sweep.record_run(run, [stopped])
+    assert sweep.run_status(run) == "new"  # no checkpoint: nothing to resume from
+    (run_dir / "summary.json").write_text(json.dumps(stopped | {"stop_reason": "SIGTERM", "iterations": 4,
+                                                                "tokens_per_iter": 64}))
+    (run_dir / CHECKPOINT_NAME).write_bytes(b"at iteration 4")
+    assert sweep.run_status(run) == "resume"
+    with sweep.SignalForwarder() as forwarder:
+        sweep.train_once(run, "resume", launcher, forwarder)
+    assert calls.read_text().split()[-1] == "--init_from=resume"
+    assert sweep.run_status(run) == "done"
+    summary = sweep.finished_summary(run)
+    assert summary["wall_time_s"] == pytest.approx(3.0 + 0.2) and summary["training_flops"] == 100 * 64 * 10
+
+
+def test_a_timing_probe_under_another_launcher_is_run_again(tmp_path):
+    launcher, calls = fake_train_launcher(tmp_path)
+    probe_dir = tmp_path / "probes" / "efficient"
+    for used in (launcher, launcher, f"{launcher} --nproc_per_node=2"):
+        assert sweep.probe_seconds_per_iter("tiny.py", [], "efficient", probe_dir, 3, used) == 0.02
+    assert len(calls.read_text().splitlines()) == 2  # the same launcher reuses its probe
 
 
 @pytest.mark.slow
