@@ -3,7 +3,8 @@ say what the runs' own summary.json files say, a failed run is reported in its r
 bench names the kernel torch's dispatcher chooses and compares every backend with MATH; bench_model.py
 trains a NanoGPT-like model.py beside the four variants and prints each batch size's rows once they
 are measured; a benchmark stopped or killed takes its run with it; gpu_suite.sh's control flow (a
-stage past its time, a failing one, an unknown one)."""
+stage past its time, a failing one, an unknown one); and the figures each benchmark prints (medians, ratios,
+units, MFU, each cell under its column) from fixed timings fed through its own arithmetic."""
 import json
 import os
 import signal
@@ -18,13 +19,16 @@ import torch
 from torch.autograd import DeviceType
 from torch.nn.attention import SDPBackend
 
+from checkpoint import LOG_NAME, SUMMARY_NAME
 from conftest import REPO
 from faults import alive
 from launcher import child_pids
-from model import ATTENTION_VARIANTS
+from model import ATTENTION_VARIANTS, GPT, GPTConfig
 
 sys.path.insert(0, str(REPO / "bench"))
 import bench_attention_kernels  # noqa: E402
+import bench_cpu_load  # noqa: E402
+import bench_faults  # noqa: E402
 import bench_model  # noqa: E402
 import bench_sample  # noqa: E402
 import bench_train  # noqa: E402
@@ -112,7 +116,9 @@ def test_a_run_never_outlives_the_benchmark(parallelism, sig, tmp_path):
 
 def test_last_error_line_skips_the_launchers_summary(tmp_path):
     log = tmp_path / "train.log"
-    log.write_text("iter 1: loss 10.8\n[rank0]: Traceback (most recent call last):\n"
+    log.write_text("iter 1: loss 10.8\n[rank0]: RuntimeError: NCCL error\n"
+                   "[rank0]: During handling of the above exception, another exception occurred:\n"
+                   "[rank0]: Traceback (most recent call last):\n"
                    "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
                    "error: a training process failed (rank 0 exit code 1); its messages are above\n")
     assert bench_train.last_error_line(log) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
@@ -346,3 +352,277 @@ def test_gpu_suite_refuses_an_unknown_stage_before_running_any(tmp_path):
     result = subprocess.run(["bash", str(REPO / "bench" / "gpu_suite.sh"), f"--log_dir={tmp_path}", "tests", "steps"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "unknown stage 'steps'" in result.stderr and not list(tmp_path.iterdir())
+
+
+# -----------------------------------------------------------------------------
+# the published figures from fixed timings: a clock that moves only when a step, a generation or a
+# run says so, and rows made up by hand
+
+
+class FakeClock:
+    """time.perf_counter for a benchmark module: it reads `now`, which the faked work moves on."""
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def markdown_table(out, first_header_cell):
+    """(the header cells, each row as {column: cell}) of the markdown table whose header starts with
+    first_header_cell."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header_cell} |"))
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    header, rows = table[0], table[2:]
+    return header, [dict(zip(header, row)) for row in rows]
+
+
+def test_bench_model_reports_the_median_of_the_timed_steps_after_the_warmup(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(bench_model, "time", clock)
+    seconds = {"a": iter([50.0, 3.0, 1.0, 2.0]), "b": iter([60.0, 8.0, 4.0, 6.0])}  # the first: the warm-up
+    calls = []
+
+    def step_of(name):
+        def step():
+            calls.append(name)
+            clock.now += next(seconds[name])
+        return step
+
+    args = SimpleNamespace(device="cpu", warmup=1, repeats=3)
+    assert bench_model.time_round_robin({name: step_of(name) for name in seconds}, args) == {"a": 2.0, "b": 6.0}
+    assert calls == ["a", "b"] + ["a", "b"] * 3  # the warm-up, then one step of each in turn
+
+
+def test_bench_model_rows_turn_a_step_time_into_ms_tokens_per_s_and_mfu(tmp_path, monkeypatch):
+    (tmp_path / "model.py").write_text(NANOGPT_LIKE)
+    monkeypatch.setattr(bench_model, "time_round_robin", lambda steps, args: {name: 0.25 for name in steps})
+    args = SimpleNamespace(device="cpu", dtype="float32", compile=False, optimizer=False, vocab_size=64, profile=False)
+    shape = dict(n_layer=1, n_head=2, n_embd=16, block_size=8)
+    rows, profiles = bench_model.bench(shape, 3, args, bench_model.load_nanogpt(tmp_path), peak=1e9)
+    assert profiles is None and [r["name"] for r in rows] == ["nanogpt", *ATTENTION_VARIANTS]
+    by_name = {r["name"]: r for r in rows}
+    for attention in ATTENTION_VARIANTS:
+        ours = GPT(GPTConfig(**shape, vocab_size=64, dropout=0.0, bias=True, attention=attention))
+        flops = ours.flops_per_token(8)  # forward and backward
+        expected = dict(name=attention, batch=3, params=ours.get_num_params(non_embedding=False),
+                        attention_params=ours.get_num_attention_params(), flops=flops, ms=250.0,
+                        tokens_per_s=3 * 8 / 0.25, mfu=flops * 3 * 8 / 0.25 / 1e9)
+        assert by_name[attention] == pytest.approx(expected), attention
+    assert by_name["efficient"]["flops"] < by_name["standard"]["flops"]
+    # NanoGPT's model runs standard attention: its row counts standard's parameters and FLOPs
+    assert by_name["nanogpt"] == pytest.approx(dict(by_name["standard"], name="nanogpt"))
+
+
+def test_bench_model_table_compares_each_model_with_standard_at_its_own_batch(capsys):
+    def row(name, batch, flops, ms):
+        return dict(name=name, batch=batch, params=2.5e6, attention_params=1000, flops=flops, ms=ms,
+                    tokens_per_s=1000.0 * batch / ms, mfu=0.123)
+    bench_model.print_table("t", [row("nanogpt", 1, 4e6, 12.0), row("standard", 1, 4e6, 10.0),
+                                  row("efficient", 1, 3e6, 8.0), row("nanogpt", 2, 4e6, 30.0),
+                                  row("standard", 2, 4e6, 20.0), row("efficient", 2, 3e6, 15.0)])
+    header, rows = markdown_table(capsys.readouterr().out, "model")
+    assert header == ["model", "batch", "params", "attn params/layer", "FLOPs/token (fwd+bwd)", "FLOP ratio",
+                      "ms/step", "time ratio", "tokens/s", "MFU"]
+    table = {(r["model"], r["batch"]): r for r in rows}
+    assert {key: (r["ms/step"], r["time ratio"], r["FLOP ratio"]) for key, r in table.items()} == {
+        ("nanogpt", "1"): ("12.00", "1.200", "1.000"), ("standard", "1"): ("10.00", "1.000", "1.000"),
+        ("efficient", "1"): ("8.00", "0.800", "0.750"), ("nanogpt", "2"): ("30.00", "1.500", "1.000"),
+        ("standard", "2"): ("20.00", "1.000", "1.000"), ("efficient", "2"): ("15.00", "0.750", "0.750")}
+    assert table["efficient", "2"]["tokens/s"] == "133" and table["efficient", "2"]["MFU"] == "12.3%"
+    assert table["efficient", "2"]["params"] == "2.50M" and table["efficient", "2"]["FLOPs/token (fwd+bwd)"] == "3.0M"
+
+
+@pytest.mark.parametrize("argv, warmup", [([], 1), (["--compile"], 3), (["--compile", "--warmup=0"], 0)])
+def test_bench_model_warmup_default_covers_compilation(monkeypatch, argv, warmup):
+    monkeypatch.setattr(sys, "argv", ["bench_model.py", *argv])
+    assert bench_model.parse_args().warmup == warmup
+
+
+def test_bench_model_first_line_names_the_peak_in_tflops_and_the_timing(capsys):
+    args = SimpleNamespace(device="cpu", dtype="float32", compile=False, optimizer=True, repeats=7, warmup=2)
+    bench_model.describe_machine(args, 2.5e12, "a matmul measured here")
+    out = capsys.readouterr().out
+    assert "step = forward+backward+clip+AdamW; median of 7 after 2 warm-up" in out
+    assert out.rstrip().endswith("MFU against 2.5 TFLOP/s (a matmul measured here)")
+
+
+def test_bench_model_matmul_peak_counts_a_multiply_add_as_two_flops(monkeypatch):
+    clock = iter([10.0, 12.0])  # the timed matmuls take 2 s
+    monkeypatch.setattr(bench_model, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    assert bench_model.measure_matmul_peak("cpu", "float32", n=8, repeats=5) == 2 * 8**3 * 5 / 2.0
+
+
+class FakeGenerator:
+    """A model whose generate takes the next of `seconds` on the clock, noting its arguments."""
+    def __init__(self, clock, seconds):
+        self.clock, self.seconds, self.calls = clock, iter(seconds), []
+
+    def generate(self, prompt, max_new_tokens, **kwargs):
+        self.calls.append((max_new_tokens, kwargs))
+        self.clock.now += next(self.seconds)
+
+
+def test_bench_sample_counts_new_tokens_over_the_best_timed_run_after_one_untimed(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(bench_sample, "time", clock)
+    model = FakeGenerator(clock, [1.0, 4.0, 5.0, 6.0])  # the first run (which compiles) is left out
+    args = SimpleNamespace(device="cpu", dtype="float32", max_new_tokens=8, prompt_tokens=4, repeats=3)
+    assert bench_sample.tokens_per_second(model, None, args, compile=True) == 8 / 4.0
+    assert model.calls == [(8, {"compile": True})] * 4
+
+
+def test_bench_sample_times_each_column_with_its_own_decoding(monkeypatch):
+    monkeypatch.setitem(bench_sample.SIZES, "tiny", dict(n_layer=1, n_head=2, n_embd=16, block_size=32,
+                                                         vocab_size=50304))
+    monkeypatch.setattr(bench_sample, "tokens_per_second", lambda model, prompt, args, **generate_args: generate_args)
+    args = SimpleNamespace(device="cpu", dtype="float32", prompt_tokens=4, compile=True, profile=False)
+    _, speeds, _ = bench_sample.bench_variant("tiny", "standard", args)
+    assert speeds == {"no cache": {"use_kv_cache": False}, "KV cache": {}, "compiled": {"compile": True}}
+
+
+def test_bench_sample_profile_is_per_token_of_the_traced_generation(monkeypatch):
+    monkeypatch.setitem(bench_sample.SIZES, "tiny", dict(n_layer=1, n_head=2, n_embd=16, block_size=64,
+                                                         vocab_size=50304))
+    monkeypatch.setattr(bench_sample, "tokens_per_second", lambda model, prompt, args, **generate_args: 1.0)
+    monkeypatch.setattr(bench_sample, "ms_by_kernel", lambda fn, device, calls=1, units=1: (fn().size(1), units))
+    args = SimpleNamespace(device="cpu", dtype="float32", prompt_tokens=4, compile=False, profile=True,
+                           max_new_tokens=40)
+    _, _, (length, units) = bench_sample.bench_variant("tiny", "standard", args)
+    assert length == 4 + units == 4 + bench_sample.PROFILED_TOKENS
+
+
+def test_bench_sample_table_speed_up_and_profiled_ms_per_token(monkeypatch, capsys):
+    speeds = {"standard": {"no cache": 10.0, "KV cache": 40.0}, "efficient": {"no cache": 20.0, "KV cache": 50.0}}
+    monkeypatch.setattr(bench_sample, "bench_variant",
+                        lambda size, variant, args: (1.5, speeds[variant], {"aten::mm": 1.0}))
+    monkeypatch.setattr(sys, "argv", ["bench_sample.py", "--sizes", "small", "--variants", "standard", "efficient",
+                                      "--threads=0", "--profile"])
+    bench_sample.main()
+    out = capsys.readouterr().out
+    header, rows = markdown_table(out, "size")
+    assert header == ["size", "attention", "params", "tokens/s, no cache", "tokens/s, KV cache", "speed-up"]
+    assert [list(r.values()) for r in rows] == [["small", "standard", "1.5M", "10.0", "40.0", "4.0x"],
+                                                ["small", "efficient", "1.5M", "20.0", "50.0", "2.5x"]]
+    assert "### where a token's time goes, KV cache: small (measured: 25.000 / 20.000 ms per token)" in out
+
+
+def write_run_output(out_dir, records, **summary):
+    out_dir.mkdir()
+    (out_dir / SUMMARY_NAME).write_text(json.dumps(summary))
+    (out_dir / LOG_NAME).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_bench_train_measures_the_iterations_after_the_warmup(tmp_path):
+    def train(iteration, ms, mfu):
+        return {"type": "train", "iter": iteration, "ms_per_iter": ms, "mfu": mfu}
+    records = [train(1, 5000.0, 0.004), train(2, 5000.0, 0.004), train(3, 100.0, 0.2), train(4, 300.0, 0.2 / 3),
+               {"type": "eval", "iter": 4, "val_loss": 3.0}]
+    write_run_output(tmp_path / "run", records, tokens_per_iter=1000, n_params=7)
+    tokens_per_s, mfu, summary = bench_train.measure(tmp_path / "run", warmup_steps=2)
+    assert tokens_per_s == pytest.approx(1000 / 0.2) and summary["n_params"] == 7
+    assert mfu == pytest.approx(0.1)  # the logged MFU at the mean step time
+    write_run_output(tmp_path / "cpu", [dict(r, mfu=None) for r in records[:4]], tokens_per_iter=1000)
+    assert bench_train.measure(tmp_path / "cpu", warmup_steps=0)[:2] == (pytest.approx(1000 / 2.6), None)
+
+
+def test_bench_train_names_the_timed_iterations_and_repeats_the_rows_at_the_end(tmp_path, monkeypatch, capsys):
+    def fake_run(config, parallelism, scratch, args):
+        return dict(config=config, parallelism=parallelism, shape="2 x 32", error=None, tokens_per_s=500.0, mfu=None,
+                    params=10, peak_memory=2**30, wall_s=1.0, world_size=1)
+    monkeypatch.setattr(bench_train, "bench_one", fake_run)
+    code, rows, output = bench_train_run(tmp_path, capsys, "--parallelisms=plain,ddp", "--budget_tokens=4.32e7")
+    assert code == 0
+    assert "# 3 iterations per run of 1 micro-batch(es); tokens/s and MFU over iterations 2-3 (the first 1 " in output
+    assert [row[:2] + row[4:8] for row in rows] == [[CONFIG, p, "500", "-", "1.00", "1.0"] for p in ("plain", "ddp")]
+
+
+def test_bench_train_row_cells_under_their_columns(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args = SimpleNamespace(budget_tokens=8.64e7)
+    # two GPUs at 1,000 tokens/s together: 8.64e7 tokens take 86,400 s, on each GPU, so two GPU-days
+    row = dict(config="c.py", parallelism="ddp", shape="4 x 2048", error=None, tokens_per_s=1000.0, mfu=0.4567,
+               params=1_234_567, peak_memory=3 * 2**30, wall_s=12.4, world_size=2)
+    text = bench_train.table_header(args) + "\n" + bench_train.table_row(row, args.budget_tokens)
+    header, (cells,) = markdown_table(text, "config")
+    assert cells == {"config": "c.py", "parallelism": "ddp", "params": "1,234,567", "micro-batch x context": "4 x 2048",
+                     "tokens/s": "1,000", "MFU": "45.7%", "peak memory GiB": "3.00",
+                     "GPU-days for 8.64e+07 tokens": "2.0", "wall s": "12", "note": ""}
+
+
+def test_attention_kernels_time_is_the_median_after_the_warmup(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(bench_attention_kernels, "time", clock)
+    seconds = iter([9.0, 5.0, 1.0, 2.0])  # the first: the warm-up
+
+    def run():
+        clock.now += next(seconds)
+    assert bench_attention_kernels.time_steps(run, SimpleNamespace(device="cpu", warmup=1, repeats=3)) == 2.0
+
+
+def test_attention_kernels_table_times_in_ms_against_the_first_shapes_default(capsys):
+    def row(backend, seconds, peak=None):
+        return {"backend": backend, "seconds": seconds, "peak": peak, "diff": 0.0, "error": None, "ran": "MATH",
+                "kernels": []}
+    bench_attention_kernels.print_table([
+        {"heads": 1, "d_k": 64, "rows": [row("default", 0.002, 3 * 2**20), row("MATH", 0.005)]},
+        {"heads": 4, "d_k": 16, "rows": [row("default", 0.004), {"backend": "FLASH_ATTENTION", "error": "no"}]}])
+    header, rows = markdown_table(capsys.readouterr().out, "heads x d_k")
+    assert header[3:6] == ["fwd+bwd ms", "vs 1x64 default", "peak extra MiB"]
+    assert [[r["heads x d_k"], r["backend"], r["fwd+bwd ms"], r["vs 1x64 default"], r["peak extra MiB"]]
+            for r in rows] == [["1x64", "default", "2.000", "1.00", "3"], ["1x64", "MATH", "5.000", "2.50", "-"],
+                               ["4x16", "default", "4.000", "2.00", "-"], ["4x16", "FLASH_ATTENTION", "-", "-", "-"]]
+
+
+def test_time_table_everything_else_adds_up_the_rows_past_the_top(capsys):
+    profiling.print_time_table("t", "step", {"a": {"x": 4.0, "y": 3.0, "z": 2.0, "w": 1.0}, "b": {"w": 5.0}}, top=2)
+    out = capsys.readouterr().out
+    assert printed_time_table(out, "t") == ["a", "b"]
+    _, rows = markdown_table(out, "kernel (CUDA) or operator (CPU), ms per step")
+    assert [(r["kernel (CUDA) or operator (CPU), ms per step"], r["a"], r["b"]) for r in rows] == [
+        ("w", "1.000", "5.000"), ("x", "4.000", "0.000"), ("everything else", "5.000", "0.000"),
+        ("total", "10.000", "5.000")]
+
+
+def test_bench_prepare_speed_up_is_against_the_first_num_proc(monkeypatch, capsys):
+    datasets = pytest.importorskip("datasets", reason="bench_prepare.py needs the datasets package")
+    import bench_prepare
+    seconds = {1: (4.0, 4.0), 2: (2.0, 5.0)}  # (wall, CPU) of a run at each num_proc
+    monkeypatch.setattr(bench_prepare, "gpt2_encoding", lambda: None)
+    monkeypatch.setattr(bench_prepare, "tokenize_and_write", lambda corpus, out, num_proc: (1000, *seconds[num_proc]))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", datasets.config.HF_DATASETS_CACHE)
+    monkeypatch.setattr(datasets, "disable_progress_bars", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["bench_prepare.py", "--corpus=stdlib", "--megabytes=0.01", "--repeats=1"])
+    bench_prepare.main()
+    _, rows = markdown_table(capsys.readouterr().out, "num_proc")
+    assert [list(r.values()) for r in rows] == [["1", "1,000", "4.00", "250", "1.00x", "4.00", "250"],
+                                                ["2", "1,000", "2.00", "500", "2.00x", "5.00", "200"]]
+
+
+def test_bench_cpu_load_reports_medians_and_busy_over_idle(tmp_path, monkeypatch, capsys):
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "data" / "shakespeare_char" / "train.bin").write_bytes(b"")
+    monkeypatch.setattr(bench_cpu_load, "REPO", tmp_path)
+    seconds = {False: iter([10.0, 30.0, 12.0]), True: iter([30.0, 18.0, 90.0])}
+    monkeypatch.setattr(bench_cpu_load, "timed_run",
+                        lambda program, folder, iters, loaded, scratch: next(seconds[loaded]))
+    bench_cpu_load.main(["--repeats=3"])
+    header, rows = markdown_table(capsys.readouterr().out, "program")
+    assert header == ["program", "idle (s)", "one core busy (s)", "busy / idle"]
+    assert [list(r.values()) for r in rows] == [["this repo", "12.0", "30.0", "2.50"]]
+
+
+def test_bench_faults_table_puts_each_count_under_its_column(capsys):
+    bench_faults.print_table([("NaN at a random iteration", dict(runs=5, kill=4, corrupted=3, failed_resume=2, lost=1),
+                               "a note")])
+    header, row = capsys.readouterr().out.strip("\n").splitlines()
+    assert row.startswith("NaN at a random iteration ") and row.endswith("   a note")
+    for label, value in [("runs", "5"), ("kills", "4"), ("corrupted", "3"), ("failed resumes", "2"),
+                         ("lost iterations", "1")]:
+        end = header.index(label) + len(label)  # right-aligned under its label
+        assert row[end - len(value) - 1:end] == " " + value, label
