@@ -50,6 +50,19 @@ def test_paper_model_sizes_round_to_124m_117m_110m():
     assert sizes == [124, 117, 110]
 
 
+@pytest.mark.parametrize("options", [{}, LLAMA], ids=["gpt2", "llama"])
+def test_initialisation_is_gpt2s_with_the_residual_projections_scaled_down(options):
+    """Weights N(0, 0.02), W^O and the MLP's output projection N(0, 0.02 / sqrt(2 n_layer)), biases zero
+    and norm gains one."""
+    model = tiny_model("standard", n_layer=4, **options)
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            assert torch.equal(p, torch.full_like(p, 1.0 if name.endswith("weight") else 0.0)), name
+        else:
+            std = 0.02 / math.sqrt(2 * 4) if name.endswith("c_proj.weight") else 0.02
+            assert p.std().item() == pytest.approx(std, rel=0.15), name
+
+
 # ----------------------------------------------------------------------------- the variants' equations
 
 def rotate_by_matrix(t, theta):
@@ -136,6 +149,15 @@ def test_attention_by_matmuls_multiplies_in_bf16_under_autocast_and_keeps_float3
                                atol=3e-2, rtol=3e-2)
 
 
+def test_attention_by_matmuls_drops_attention_weights_and_rescales_the_rest():
+    q, k, v = (torch.randn(1, 1, 5, 40, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    plain = attention_by_matmuls(q, k, v, is_causal=True)[0]
+    torch.manual_seed(0)
+    dropped = attention_by_matmuls(*(t.expand(4000, -1, -1, -1) for t in (q, k, v)), is_causal=True, dropout_p=0.5)
+    assert not torch.allclose(dropped[0], plain)
+    torch.testing.assert_close(dropped.mean(0), plain, atol=0.1, rtol=0)  # in expectation, no dropout
+
+
 @pytest.mark.parametrize("options, uses_sdpa", [(LLAMA, True), (WIDE_HEAD, False)], ids=["narrow", "wide"])
 def test_only_heads_wider_than_the_fused_kernels_take_skip_sdpa(options, uses_sdpa):
     model, idx = tiny_model("efficient", **options), random_tokens(2, 8)
@@ -215,6 +237,17 @@ def standard_equivalent_of(model):
     return standard
 
 
+@pytest.mark.parametrize("attention, options", SHAPES)
+def test_dropout_acts_only_while_training(attention, options):
+    model, plain = tiny_model(attention, dropout=0.5, **options), tiny_model(attention, **options)
+    idx = random_tokens(2, 10)
+    with torch.no_grad():
+        evaluated, expected = model(idx, all_logits=True)[0], plain(idx, all_logits=True)[0]
+        trained = model.train()(idx, all_logits=True)[0]
+    torch.testing.assert_close(evaluated, expected, atol=0, rtol=0)
+    assert not torch.allclose(trained, expected)
+
+
 @pytest.mark.parametrize("attention", ["optimized", "efficient"])
 def test_variant_equals_standard_with_identity_projections(attention):
     model = tiny_model(attention)
@@ -290,6 +323,17 @@ def test_logits_cover_every_position_with_targets_or_all_logits_else_the_last(at
     torch.testing.assert_close(last[:, 0], every[:, -1])
     torch.testing.assert_close(with_targets, every[:, :-1], atol=1e-6, rtol=1e-6)
     expected = F.cross_entropy(every[:, :-1].reshape(-1, TINY["vocab_size"]), idx[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_targets_of_minus_one_are_left_out_of_the_loss():
+    model, idx = tiny_model("standard"), random_tokens(2, 11)
+    targets = idx[:, 1:].clone()
+    targets[:, :4] = -1  # e.g. a prompt that a fine-tune does not learn to predict
+    with torch.no_grad():
+        every, _ = model(idx[:, :-1], all_logits=True)
+        _, loss = model(idx[:, :-1], targets=targets)
+    expected = F.cross_entropy(every[:, 4:].reshape(-1, TINY["vocab_size"]), idx[:, 5:].reshape(-1))
     torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
 
 
@@ -387,10 +431,21 @@ def test_crop_block_size_keeps_short_sequences_unchanged(attention, options):
     if attention == "super":
         assert model.transformer.h[0].attn.align_weight.shape == (8, 8)
         assert model.transformer.h[0].attn.align_bias.shape == (8,)
+        # the cropped W^A's free entries: its lower triangle, 8 * 9 / 2, and 8 biases
+        efficient = tiny_model("efficient", **options).get_num_attention_params()
+        assert model.get_num_attention_params() == efficient + 8 * 9 // 2 + 8
     for name, p in model.named_parameters():  # copies: the full-size tables are freed, and never saved
         assert p.untyped_storage().nbytes() == p.numel() * p.element_size(), name
     with pytest.raises(ValueError, match="block_size is 8"):
         model(random_tokens(1, 9))
+
+
+@pytest.mark.parametrize("block_size", [0, TINY["block_size"] + 1])
+def test_crop_block_size_refuses_a_size_outside_the_context(block_size):
+    model = tiny_model("super")
+    with pytest.raises(ValueError, match=rf"crop_block_size\({block_size}\): must be in 1..16"):
+        model.crop_block_size(block_size)
+    assert model.config.block_size == 16 and model.transformer.wpe.weight.shape[0] == 16
 
 
 # ----------------------------------------------------------------------------- generation
@@ -456,6 +511,12 @@ def test_a_full_cache_says_so():
             model(random_tokens(1, 7), kv_cache=cache)
 
 
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+def test_generating_no_new_tokens_returns_the_prompt(use_kv_cache):
+    prompt = random_tokens(2, 3)
+    assert torch.equal(tiny_model("efficient").generate(prompt, 0, use_kv_cache=use_kv_cache), prompt)
+
+
 @pytest.mark.slow
 @needs_compiler
 @pytest.mark.parametrize("attention, options", [(a, {}) for a in VARIANTS] + [("standard", LLAMA), ("efficient", LLAMA)])
@@ -475,6 +536,19 @@ def test_compiled_generation_equals_eager(attention, options):
     # re-recorded per token on a GPU) would make compiled decoding slower than eager
     assert counters["stats"]["unique_graphs"] - graphs_before <= 1
     assert torch._dynamo.config.recompile_limit == recompile_limit  # sampling changes no global setting
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_compiled_generation_after_cropping_equals_eager():
+    """Compiled decoding keeps its cache between calls; a model cropped since needs one of its new size."""
+    model, prompt = tiny_model("super"), random_tokens(1, 5)
+    model.generate(prompt, 3, compile=True)
+    model.crop_block_size(8)
+    torch.manual_seed(7)
+    eager = model.generate(prompt, 12, top_k=3)
+    torch.manual_seed(7)
+    assert torch.equal(model.generate(prompt, 12, top_k=3, compile=True), eager)
 
 
 @pytest.mark.parametrize("arguments, match", [
@@ -549,6 +623,8 @@ def test_config_errors_name_the_valid_choices():
         GPTConfig(n_embd=100, n_head=12)
     with pytest.raises(ValueError, match="n_head=0 must be a positive integer"):
         GPTConfig(n_head=0)
+    with pytest.raises(ValueError, match=r"dropout=1.0 must be in \[0, 1\)"):
+        GPTConfig(dropout=1.0)
 
 
 def test_too_long_sequence_names_the_limit():
@@ -562,6 +638,8 @@ def test_from_pretrained_refuses_other_variants():
         GPT.from_pretrained("gpt2", dict(attention="efficient"))
     with pytest.raises(ValueError, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local folder"):
         GPT.from_pretrained("gpt3")
+    with pytest.raises(ValueError, match=r"only dropout can be overridden for pretrained weights, not \['pos'\]"):
+        GPT.from_pretrained("gpt2", dict(dropout=0.1, pos="rope"))
 
 
 @pytest.mark.slow
