@@ -39,16 +39,27 @@ CONFIG = "config/train_llama1b_efficient_c4.py"
 TINY_RUN = ["--smoke", "--iters=3", "--warmup_steps=1", "--num_threads=1", CONFIG]
 
 
+def markdown_table(out, first_header_cell):
+    """(the header cells, each row as {column: cell}) of the markdown table whose header starts with
+    first_header_cell."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header_cell} |"))
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    header, rows = table[0], table[2:]
+    return header, [dict(zip(header, row)) for row in rows]
+
+
 def bench_train_run(tmp_path, capsys, *args):
     """(exit code, the final table's rows as lists of cells, the output) of bench_train.py, run in-process
     (train.py runs in its own processes, as always)."""
     code = bench_train.main([*TINY_RUN, f"--work_dir={tmp_path}", *args])
     output = capsys.readouterr().out
-    lines = output.splitlines()
-    header = max(i for i, line in enumerate(lines) if line.startswith("| config |"))
-    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[header + 2:]
-            if line.startswith("|")]
-    return code, rows, output
+    _, rows = markdown_table(output[output.rindex("| config |"):], "config")
+    return code, [list(row.values()) for row in rows], output
 
 
 def number(cell):
@@ -366,20 +377,6 @@ class FakeClock:
 
     def perf_counter(self):
         return self.now
-
-
-def markdown_table(out, first_header_cell):
-    """(the header cells, each row as {column: cell}) of the markdown table whose header starts with
-    first_header_cell."""
-    lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header_cell} |"))
-    table = []
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        table.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
-    header, rows = table[0], table[2:]
-    return header, [dict(zip(header, row)) for row in rows]
 
 
 def test_bench_model_reports_the_median_of_the_timed_steps_after_the_warmup(monkeypatch):
