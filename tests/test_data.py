@@ -41,7 +41,8 @@ def test_offsets_reach_every_window_and_none_past_the_end(tmp_path, n_windows):
         assert x.shape == y.shape == (16, T)
 
 
-def char_data(d, train_ids, val_ids, vocab_size):
+def write_char_data(d, train_ids, val_ids, vocab_size=40):
+    """A char-level dataset in folder d: its two token files and the meta.json that counts them; returns d."""
     d.mkdir(parents=True, exist_ok=True)
     np.asarray(train_ids, dtype=TOKEN_DTYPE).tofile(d / "train.bin")
     np.asarray(val_ids, dtype=TOKEN_DTYPE).tofile(d / "val.bin")
@@ -52,19 +53,19 @@ def char_data(d, train_ids, val_ids, vocab_size):
 
 
 def test_the_largest_id_of_either_split_is_the_one_the_model_must_fit(tmp_path):
-    d = char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 30, vocab_size=40)
+    d = write_char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 30, vocab_size=40)
     meta, n_tokens, max_token = check_data(d, block_size=8)
     assert (meta["vocab_size"], n_tokens, max_token) == (40, {"train": 50, "val": 50}, 29)
 
 
 def test_an_id_equal_to_the_vocab_size_is_outside_it(tmp_path):
-    d = char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 41, vocab_size=40)
+    d = write_char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 41, vocab_size=40)
     with pytest.raises(DataError, match="holds token id 40, but its meta.json says vocab_size=40"):
         check_data(d, block_size=8)
 
 
 def test_a_token_file_of_an_odd_number_of_bytes_is_not_uint16_tokens(tmp_path):
-    d = char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 20, vocab_size=40)
+    d = write_char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 20, vocab_size=40)
     with open(d / "val.bin", "ab") as f:
         f.write(b"\0")
     with pytest.raises(DataError, match="val.bin has an odd number of bytes"):

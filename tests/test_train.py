@@ -28,6 +28,7 @@ from faults import nan_after_step
 from model import GPT
 from prepare_char import prepare
 from runlog import RunLog
+from test_data import write_char_data
 from tokenizer import read_meta, write_meta
 
 TEXT = "".join(
@@ -257,16 +258,6 @@ def test_an_out_dir_that_cannot_be_a_folder_is_one_error_line(make, tmp_path, da
 
 # -----------------------------------------------------------------------------
 # data errors, all before any training starts
-
-def write_char_data(d, train_ids, val_ids, vocab_size=40):
-    from tokenizer import write_meta
-    d.mkdir(parents=True, exist_ok=True)
-    np.asarray(train_ids, dtype=np.uint16).tofile(d / "train.bin")
-    np.asarray(val_ids, dtype=np.uint16).tofile(d / "val.bin")
-    chars = "".join(chr(33 + i) for i in range(vocab_size))
-    write_meta(d, {"tokenizer": "char", "vocab_size": vocab_size, "chars": chars,
-                   "tokens": {"train": len(train_ids), "val": len(val_ids)}})
-
 
 @pytest.mark.parametrize("case, match", [
     ("missing_dir", "not found"),
