@@ -172,12 +172,18 @@ def test_activation_checkpointing_changes_no_number(tmp_path, data_dir):  # noqa
     assert_same_params(params(ac), params(plain), rtol=1e-6, atol=1e-7)
 
 
-def test_llama_shape_with_activation_checkpointing_under_fsdp_equals_single_process(tmp_path, data_dir):  # noqa: F811
+@pytest.mark.parametrize("attention", [
+    pytest.param({}, id="standard"),
+    # the paper's 1B model in small: efficient, one head wider than SDPA's fused kernels (attention_by_matmuls)
+    pytest.param(dict(attention="efficient", n_head=1, n_embd=264), id="efficient-wide-head")])
+def test_llama_shape_with_activation_checkpointing_under_fsdp_equals_single_process(
+        attention, tmp_path, data_dir):  # noqa: F811
     """RMSNorm, RoPE, SwiGLU and an untied head (two embedding-sized parameters in the root unit),
     sharded over 2 processes with activation checkpointing, against one plain process."""
-    torchrun(tmp_path / "fsdp", tiny(tmp_path / "fsdp", data_dir, **COMMON, **LLAMA, parallelism="fsdp",
+    shape = dict(LLAMA, **attention)
+    torchrun(tmp_path / "fsdp", tiny(tmp_path / "fsdp", data_dir, **COMMON, **shape, parallelism="fsdp",
                                      activation_checkpointing=True))
-    T.train(tiny(tmp_path / "single", data_dir, **COMMON, **LLAMA), verbose=False)
+    T.train(tiny(tmp_path / "single", data_dir, **COMMON, **shape), verbose=False)
     fsdp, single = tmp_path / "fsdp" / "out", tmp_path / "single" / "out"
     assert "lm_head.weight" in params(fsdp) and "transformer.wpe.weight" not in params(fsdp)
     assert_same_params(params(fsdp), params(single), rtol=1e-5, atol=1e-6)
