@@ -12,7 +12,7 @@ import torch
 
 import train as T
 from checkpoint import load_checkpoint, load_model_and_tokenizer
-from conftest import REPO
+from conftest import REPO, WIDE_HEAD
 from distributed import SHARDED_NAME, TRAIN_STATE_NAME
 from test_train import data_dir, params, subprocess_env, tiny  # noqa: F401  data_dir is a fixture
 
@@ -172,15 +172,13 @@ def test_activation_checkpointing_changes_no_number(tmp_path, data_dir):  # noqa
     assert_same_params(params(ac), params(plain), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("attention", [
-    pytest.param({}, id="standard"),
-    # the paper's 1B model in small: efficient, one head wider than SDPA's fused kernels (attention_by_matmuls)
-    pytest.param(dict(attention="efficient", n_head=1, n_embd=264), id="efficient-wide-head")])
+@pytest.mark.parametrize("shape", [pytest.param(LLAMA, id="standard"),
+                                   pytest.param(dict(WIDE_HEAD, attention="efficient"), id="efficient-wide-head")])
 def test_llama_shape_with_activation_checkpointing_under_fsdp_equals_single_process(
-        attention, tmp_path, data_dir):  # noqa: F811
+        shape, tmp_path, data_dir):  # noqa: F811
     """RMSNorm, RoPE, SwiGLU and an untied head (two embedding-sized parameters in the root unit),
-    sharded over 2 processes with activation checkpointing, against one plain process."""
-    shape = dict(LLAMA, **attention)
+    sharded over 2 processes with activation checkpointing, against one plain process; also the paper's
+    1B model in small, whose one wide head goes through attention_by_matmuls."""
     torchrun(tmp_path / "fsdp", tiny(tmp_path / "fsdp", data_dir, **COMMON, **shape, parallelism="fsdp",
                                      activation_checkpointing=True))
     T.train(tiny(tmp_path / "single", data_dir, **COMMON, **shape), verbose=False)
