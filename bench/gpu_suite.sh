@@ -160,8 +160,19 @@ stage_shakespeare_b() {
   fi
 }
 
+# NanoGPT's commit, only where NANOGPT_DIR is a checkout's top: git run in an archive unpacked inside
+# another repository (this one, say) would name that repository's commit
+nanogpt_commit() {
+  local top
+  if top=$(git -C "$NANOGPT_DIR" rev-parse --show-toplevel 2>/dev/null) && [[ $top -ef $NANOGPT_DIR ]]; then
+    git -C "$NANOGPT_DIR" rev-parse --short HEAD
+  else
+    echo '(not a git checkout)'
+  fi
+}
+
 stage_nanogpt_shakespeare() {
-  echo "NanoGPT at $(git -C "$NANOGPT_DIR" rev-parse --short HEAD 2>/dev/null || echo '(not a git checkout)')"
+  echo "NanoGPT at $(nanogpt_commit)"
   # NanoGPT's prepare.py downloads input.txt unless it is there
   run cp "$SHAKESPEARE_TXT" "$NANOGPT_DIR/data/shakespeare_char/input.txt"
   local output

@@ -341,15 +341,20 @@ esac
 """
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
-def test_gpu_suite_stops_a_stage_past_its_time_and_goes_on(tmp_path):
-    """A hung stage must not take a job's whole time: it is stopped, the next stage runs, and the suite
-    names both that failed."""
+def fake_python_env(tmp_path, **variables):
+    """The environment of a suite whose `python` is FAKE_PYTHON."""
     fake = tmp_path / "bin" / "python"
     fake.parent.mkdir()
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}", STAGE_TIMEOUT="3")
+    return dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}", **variables)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
+def test_gpu_suite_stops_a_stage_past_its_time_and_goes_on(tmp_path):
+    """A hung stage must not take a job's whole time: it is stopped, the next stage runs, and the suite
+    names both that failed."""
+    env = fake_python_env(tmp_path, STAGE_TIMEOUT="3")
     # the fake sample stage never ends: only STAGE_TIMEOUT lets the suite finish inside this timeout
     result = subprocess.run(["bash", str(REPO / "bench" / "gpu_suite.sh"), f"--log_dir={tmp_path / 'logs'}",
                              "sample", "step_eager"], env=env, capture_output=True, text=True, timeout=100)
@@ -357,6 +362,32 @@ def test_gpu_suite_stops_a_stage_past_its_time_and_goes_on(tmp_path):
     sample, step_eager = ((tmp_path / "logs" / f"{stage}.log").read_text() for stage in ("sample", "step_eager"))
     assert "bench_sample.py --device=cuda --compile" in sample and "stopped after STAGE_TIMEOUT=3 s" in sample
     assert "bench_model.py failed" in step_eager
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
+@pytest.mark.parametrize("own_checkout", [False, True])
+def test_gpu_suite_names_nanogpts_commit_only_from_its_own_checkout(tmp_path, own_checkout):
+    """NanoGPT unpacked from an archive inside another repository has no commit of its own to name:
+    git, asked there, would answer with the outer repository's."""
+    def git(folder, *args):
+        return subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    outer, nanogpt = tmp_path / "outer", tmp_path / "outer" / "nanoGPT"
+    (nanogpt / "data" / "shakespeare_char").mkdir(parents=True)
+    for name in ("train.py", "data/shakespeare_char/prepare.py"):
+        (nanogpt / name).write_text("")
+    for folder in ([outer, nanogpt] if own_checkout else [outer]):
+        git(folder, "init", "-q")
+        git(folder, "commit", "-q", "--allow-empty", "-m", "x")
+    shakespeare = tmp_path / "input.txt"
+    shakespeare.write_text("To be")
+    env = fake_python_env(tmp_path, NANOGPT_DIR=str(nanogpt), SHAKESPEARE_TXT=str(shakespeare))
+    result = subprocess.run(["bash", str(REPO / "bench" / "gpu_suite.sh"), f"--log_dir={tmp_path / 'logs'}",
+                             "nanogpt_shakespeare"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = git(nanogpt, "rev-parse", "--short", "HEAD") if own_checkout else "(not a git checkout)"
+    assert f"NanoGPT at {expected}\n" in result.stdout
 
 
 def test_gpu_suite_refuses_an_unknown_stage_before_running_any(tmp_path):
