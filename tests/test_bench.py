@@ -370,7 +370,8 @@ def test_gpu_suite_names_nanogpts_commit_only_from_its_own_checkout(tmp_path, ow
     """NanoGPT unpacked from an archive inside another repository has no commit of its own to name:
     git, asked there, would answer with the outer repository's."""
     def git(folder, *args):
-        return subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        return subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t",
+                               "-c", "commit.gpgsign=false", *args],
                               check=True, capture_output=True, text=True).stdout.strip()
 
     outer, nanogpt = tmp_path / "outer", tmp_path / "outer" / "nanoGPT"
