@@ -2,7 +2,9 @@
 the model tests build in four shapes (GPT-2-style, Llama-style, grouped-query, one wide head), the `slow`
 marker, and a CPU-only view of the machine for every test but the GPU's own."""
 import os
+import random
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -18,6 +20,7 @@ sys.path.insert(0, str(REPO))
 
 import example_variant  # noqa: E402  registers the worked fifth variant, "temperature"
 from model import ATTENTION_CLASSES, GPT, GPTConfig  # noqa: E402
+from prepare_char import prepare  # noqa: E402
 
 VARIANTS = list(ATTENTION_CLASSES)  # the paper's four and the worked example: what parametrised tests run
 
@@ -63,6 +66,32 @@ def tiny_model(attention, seed=0, random_alignment=True, **overrides):
             if isinstance(block.attn, example_variant.TemperatureAttention):
                 block.attn.log_temperature.normal_(std=0.5)
     return model.eval()
+
+
+# the training tests' corpus: a few phrases in random order, so that a tiny model learns something in 8 steps
+TEXT = "".join(
+    random.Random(0).choice(["the cat sat. ", "a dog ran! ", "\n", "to be or not to be? ", "ok, "])
+    for _ in range(3000)
+)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """TEXT as a character-level dataset (train.bin, val.bin, meta.json), once per test module."""
+    d = tmp_path_factory.mktemp("data") / "tiny_char"
+    prepare(TEXT, d, "test text")
+    return d
+
+
+@pytest.fixture
+def one_process_group(monkeypatch):
+    """torchrun's environment for a world of one, so that train() shards in this process (no launch)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(key, value)
 
 
 def random_tokens(batch, length, seed=1, vocab=TINY["vocab_size"]):

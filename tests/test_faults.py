@@ -22,8 +22,8 @@ from conftest import REPO
 from distributed import SHARDED_NAME, TRAIN_STATE_NAME, load_train_state, newest_shards
 from faults import Killed, alive, kill_after
 from launcher import child_pids
-from test_fsdp import assert_same_params, one_process_group, train_losses  # noqa: F401  a fixture
-from test_train import data_dir, params, subprocess_env, tiny  # noqa: F401  data_dir is a fixture
+from test_fsdp import assert_same_params, train_losses
+from test_train import params, subprocess_env, tiny
 
 # saves at iterations 2, 4, 6 and 8; dropout and accumulation, so that a resume is exact only if it
 # restores every RNG stream and the AdamW moments
@@ -31,12 +31,12 @@ SHARDED = dict(max_iters=8, eval_interval=2, dropout=0.1, gradient_accumulation_
 FINAL, TMP, OLD = SHARDED_NAME, SHARDED_NAME + ".tmp", SHARDED_NAME + ".old"
 
 
-def sharded_run(root, data_dir, **overrides):  # noqa: F811
+def sharded_run(root, data_dir, **overrides):
     return T.train(tiny(root, data_dir, **{**SHARDED, **overrides}), verbose=False)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, data_dir):  # noqa: F811
+def reference(tmp_path_factory, data_dir):
     """8 iterations without a fault: its out_dir."""
     root = tmp_path_factory.mktemp("reference")
     env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -80,7 +80,7 @@ def test_complete_shard_folders_of_one_iteration_resume_from_the_one_written_las
 
 
 @pytest.mark.slow
-def test_a_complete_tmp_folder_alone_resumes_exactly(reference, tmp_path, data_dir, one_process_group):  # noqa: F811
+def test_a_complete_tmp_folder_alone_resumes_exactly(reference, tmp_path, data_dir, one_process_group):
     """What a kill between deleting .old and renaming .tmp left before: the only complete checkpoint
     under the temporary name."""
     sharded_run(tmp_path, data_dir, max_iters=4)
@@ -100,7 +100,7 @@ SECOND_KILLS = [("rename", TMP, FINAL), ("remove", OLD), ("rename", FINAL, OLD)]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("first", FIRST_KILLS, ids="-".join)
-def test_a_kill_at_every_step_of_the_commit_resumes_exactly(first, reference, tmp_path, data_dir,  # noqa: F811
+def test_a_kill_at_every_step_of_the_commit_resumes_exactly(first, reference, tmp_path, data_dir,
                                                             one_process_group, monkeypatch):
     with kill_after(monkeypatch, first, at_iteration=4), pytest.raises(Killed):
         sharded_run(tmp_path, data_dir)
@@ -113,7 +113,7 @@ def test_a_kill_at_every_step_of_the_commit_resumes_exactly(first, reference, tm
 
 @pytest.mark.slow
 @pytest.mark.parametrize("second", SECOND_KILLS, ids="-".join)
-def test_double_fault_resumes_exactly(second, reference, tmp_path, data_dir, one_process_group,  # noqa: F811
+def test_double_fault_resumes_exactly(second, reference, tmp_path, data_dir, one_process_group,
                                       monkeypatch):
     """Killed after the first rename of iteration 4's commit (.old and a complete .tmp left), resumed,
     killed again during the next save, resumed to the end: the run of no fault, bit for bit."""
@@ -130,7 +130,7 @@ def test_double_fault_resumes_exactly(second, reference, tmp_path, data_dir, one
 
 @pytest.mark.slow
 def test_a_new_run_stopped_between_its_first_shards_and_its_ckpt_pt_resumes_with_its_own_log(
-        reference, tmp_path, data_dir, one_process_group, monkeypatch):  # noqa: F811
+        reference, tmp_path, data_dir, one_process_group, monkeypatch):
     """A new FSDP run over an earlier run's out_dir, killed after its first shards were committed but
     before its ckpt.pt and log: the resume continues the new run (the shards), and replaces the earlier
     run's ckpt.pt, log and summary at its first save rather than appending to that run's log."""
@@ -166,7 +166,7 @@ def damage(out, how):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["truncated shard", "missing .metadata", "truncated train_state.pt"])
-def test_a_damaged_shard_folder_is_one_error_line(how, reference, tmp_path, data_dir, one_process_group,  # noqa: F811
+def test_a_damaged_shard_folder_is_one_error_line(how, reference, tmp_path, data_dir, one_process_group,
                                                   capsys):
     out = tmp_path / "out"
     shutil.copytree(reference, out)
@@ -182,7 +182,7 @@ def test_a_damaged_shard_folder_is_one_error_line(how, reference, tmp_path, data
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["truncated shard", "truncated train_state.pt"])
-def test_a_damaged_shard_folder_under_two_processes_is_said_once(how, reference, tmp_path, data_dir):  # noqa: F811
+def test_a_damaged_shard_folder_under_two_processes_is_said_once(how, reference, tmp_path, data_dir):
     out = tmp_path / "out"
     shutil.copytree(reference, out)
     damage(out, how)
@@ -227,7 +227,7 @@ def launch(tmp_path, config, nproc=2):
 
 
 @pytest.mark.slow
-def test_the_resume_line_names_the_shard_folder_it_read(tmp_path, data_dir, one_process_group, capsys):  # noqa: F811
+def test_the_resume_line_names_the_shard_folder_it_read(tmp_path, data_dir, one_process_group, capsys):
     sharded_run(tmp_path, data_dir, max_iters=4)
     out = tmp_path / "out"
     (out / FINAL).rename(out / TMP)
@@ -235,7 +235,7 @@ def test_the_resume_line_names_the_shard_folder_it_read(tmp_path, data_dir, one_
     assert f"resuming from {out / TMP} at iteration 4" in capsys.readouterr().out
 
 
-def test_a_run_without_fsdp_replaces_an_earlier_fsdp_runs_shards(reference, tmp_path, data_dir, capsys):  # noqa: F811
+def test_a_run_without_fsdp_replaces_an_earlier_fsdp_runs_shards(reference, tmp_path, data_dir, capsys):
     """A new single-process run over an FSDP run's out_dir removes the shards with its first save, so
     that an FSDP resume cannot take them up and then overwrite the new run's ckpt.pt. Shards that
     outlive it (a kill between that save and their removal) are refused, and no file changes."""
@@ -285,7 +285,7 @@ def start(tmp_path, config, command, log_name):
 
 
 @pytest.mark.slow
-def test_a_second_run_on_a_live_out_dir_stops_with_the_pid(tmp_path, data_dir, capsys):  # noqa: F811
+def test_a_second_run_on_a_live_out_dir_stops_with_the_pid(tmp_path, data_dir, capsys):
     config = tiny(tmp_path, data_dir, **LONG)
     first = start(tmp_path, config, [sys.executable, str(REPO / "train.py")], "first.txt")
     try:
@@ -306,7 +306,7 @@ def test_a_second_run_on_a_live_out_dir_stops_with_the_pid(tmp_path, data_dir, c
 
 
 @pytest.mark.slow
-def test_a_second_ddp_run_on_a_live_out_dir_stops_with_one_error_line(tmp_path, data_dir):  # noqa: F811
+def test_a_second_ddp_run_on_a_live_out_dir_stops_with_one_error_line(tmp_path, data_dir):
     config = tiny(tmp_path, data_dir, **LONG)
     first = start(tmp_path, config, [sys.executable, str(REPO / "train.py")], "first.txt")
     try:
@@ -328,7 +328,7 @@ LAUNCHERS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_workers_stop_when_their_launcher_is_killed(launcher, tmp_path, data_dir):  # noqa: F811
+def test_workers_stop_when_their_launcher_is_killed(launcher, tmp_path, data_dir):
     config = tiny(tmp_path, data_dir, **LONG, gradient_accumulation_steps=2)
     proc = start(tmp_path, config, LAUNCHERS[launcher], "launcher.txt")
     workers = child_pids(proc.pid)

@@ -14,7 +14,7 @@ import train as T
 from checkpoint import load_checkpoint, load_model_and_tokenizer
 from conftest import REPO, WIDE_HEAD
 from distributed import SHARDED_NAME, TRAIN_STATE_NAME
-from test_train import data_dir, params, subprocess_env, tiny  # noqa: F401  data_dir is a fixture
+from test_train import params, subprocess_env, tiny
 
 # 3 iterations of 4 micro-batches: 2 per process under FSDP, all 4 in the single process
 COMMON = dict(max_iters=3, eval_interval=3, gradient_accumulation_steps=4, batch_size=3)
@@ -47,14 +47,14 @@ def assert_same_params(a, b, **tolerance):
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory, data_dir):  # noqa: F811
+def fsdp_run(tmp_path_factory, data_dir):
     """One 2-process FSDP run of the tiny GPT-2-style model: its out_dir."""
     tmp = tmp_path_factory.mktemp("fsdp")
     torchrun(tmp, tiny(tmp, data_dir, **COMMON, parallelism="fsdp"))
     return tmp / "out"
 
 
-def test_fsdp_equals_single_process(fsdp_run, tmp_path, data_dir):  # noqa: F811
+def test_fsdp_equals_single_process(fsdp_run, tmp_path, data_dir):
     T.train(tiny(tmp_path, data_dir, **COMMON), verbose=False)
     single = tmp_path / "out"
     # float tolerance: the shards reduce-scatter the gradients in another order than one process sums them
@@ -95,7 +95,7 @@ def test_sample_py_reads_the_fsdp_export(fsdp_run, capsys):
     assert start in capsys.readouterr().out
 
 
-def test_fsdp_resume_is_exact(tmp_path, data_dir):  # noqa: F811
+def test_fsdp_resume_is_exact(tmp_path, data_dir):
     """8 iterations straight == 4, then a resume from the sharded checkpoint for 4 more, with dropout
     (per-rank RNG streams) and gradient accumulation (2 micro-steps per process)."""
     common = dict(max_iters=8, eval_interval=4, gradient_accumulation_steps=4, dropout=0.1, parallelism="fsdp")
@@ -109,12 +109,12 @@ def test_fsdp_resume_is_exact(tmp_path, data_dir):  # noqa: F811
     assert train_losses(straight) == train_losses(split)
 
 
-def test_fsdp_export_is_not_a_ddp_resume_point(fsdp_run, tmp_path, data_dir):  # noqa: F811
+def test_fsdp_export_is_not_a_ddp_resume_point(fsdp_run, tmp_path, data_dir):
     with pytest.raises(T.CheckpointError, match="parallelism='fsdp'"):
         T.load_resume_checkpoint(fsdp_run, load_checkpoint(fsdp_run)["model_args"])
 
 
-def test_a_ddp_checkpoint_is_not_an_fsdp_resume_point(tmp_path, data_dir):  # noqa: F811
+def test_a_ddp_checkpoint_is_not_an_fsdp_resume_point(tmp_path, data_dir):
     T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)  # one process: ckpt.pt with the optimizer
     with pytest.raises(T.CheckpointError, match="no sharded checkpoint at .* resume it with parallelism='ddp'"):
         T.load_resume_checkpoint(tmp_path / "out", load_checkpoint(tmp_path / "out")["model_args"], sharded=True)
@@ -141,7 +141,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 @pytest.mark.slow
-def test_an_inf_in_one_ranks_shard_stops_every_rank_before_the_save(tmp_path, data_dir):  # noqa: F811
+def test_an_inf_in_one_ranks_shard_stops_every_rank_before_the_save(tmp_path, data_dir):
     (tmp_path / "inf_on_rank_1.py").write_text(INF_ON_RANK_1)
     config = tiny(tmp_path, data_dir, max_iters=4, eval_interval=2, gradient_accumulation_steps=2, parallelism="fsdp")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -162,7 +162,7 @@ def test_fsdp_config_errors():
         T.resolve_config(dict(parallelism="fsdp", hellaswag_interval=10, hellaswag_file="h.jsonl"))
 
 
-def test_activation_checkpointing_changes_no_number(tmp_path, data_dir):  # noqa: F811
+def test_activation_checkpointing_changes_no_number(tmp_path, data_dir):
     """Recomputing each block in backward (with dropout: the same masks) gives the same losses and weights."""
     common = dict(max_iters=3, eval_interval=3, dropout=0.1, gradient_accumulation_steps=2)
     T.train(tiny(tmp_path / "plain", data_dir, **common), verbose=False)
@@ -175,7 +175,7 @@ def test_activation_checkpointing_changes_no_number(tmp_path, data_dir):  # noqa
 @pytest.mark.parametrize("shape", [pytest.param(LLAMA, id="standard"),
                                    pytest.param(dict(WIDE_HEAD, attention="efficient"), id="efficient-wide-head")])
 def test_llama_shape_with_activation_checkpointing_under_fsdp_equals_single_process(
-        shape, tmp_path, data_dir):  # noqa: F811
+        shape, tmp_path, data_dir):
     """RMSNorm, RoPE, SwiGLU and an untied head (two embedding-sized parameters in the root unit),
     sharded over 2 processes with activation checkpointing, against one plain process; also the paper's
     1B model in small, whose one wide head goes through attention_by_matmuls."""
@@ -188,20 +188,7 @@ def test_llama_shape_with_activation_checkpointing_under_fsdp_equals_single_proc
     torch.testing.assert_close(train_losses(fsdp), train_losses(single), rtol=1e-5, atol=0)
 
 
-@pytest.fixture
-def one_process_group(monkeypatch):
-    """torchrun's environment for a world of one, so that train() shards in this process (no launch)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(port)).items():
-        monkeypatch.setenv(key, value)
-
-
-def test_fsdp_bf16_mixed_precision_keeps_fp32_weights(tmp_path, data_dir, one_process_group):  # noqa: F811
+def test_fsdp_bf16_mixed_precision_keeps_fp32_weights(tmp_path, data_dir, one_process_group):
     summary = T.train(tiny(tmp_path / "bf16", data_dir, **COMMON, parallelism="fsdp", dtype="bfloat16"),
                       verbose=False)
     reference = T.train(tiny(tmp_path / "fp32", data_dir, **COMMON, parallelism="fsdp"), verbose=False)
@@ -213,7 +200,7 @@ def test_fsdp_bf16_mixed_precision_keeps_fp32_weights(tmp_path, data_dir, one_pr
     assert summary["final_val_loss"] != reference["final_val_loss"]
 
 
-def test_fsdp_compiles_each_block(tmp_path, data_dir, one_process_group, monkeypatch):  # noqa: F811
+def test_fsdp_compiles_each_block(tmp_path, data_dir, one_process_group, monkeypatch):
     """compile=True under FSDP compiles every Block in place (the eager backend: no C++ compiler), and
     the export keeps plain state_dict keys."""
     real_compile, compiled = torch.compile, []
@@ -254,7 +241,7 @@ def test_activation_checkpointing_recomputes_each_block_in_backward():
     assert calls == 2 + 2 + 2 and loss == plain_loss  # once more per block, in backward; the same loss
 
 
-def test_fsdp_resumes_on_another_number_of_processes(fsdp_run, tmp_path, data_dir, one_process_group):  # noqa: F811
+def test_fsdp_resumes_on_another_number_of_processes(fsdp_run, tmp_path, data_dir, one_process_group):
     """The shards of 2 processes load into 1 (torch.distributed.checkpoint reshards): its 4th step is the
     one a single process takes after the same 3, AdamW moments included."""
     import shutil

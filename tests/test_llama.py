@@ -12,7 +12,7 @@ from checkpoint import load_checkpoint, model_from_checkpoint
 from conftest import GQA, LLAMA, REPO, SHAPES, TINY, random_tokens, tiny_model
 from generate import KVCache
 from model import GPT, GPTConfig, apply_rotary, rotary_cos_sin
-from test_train import data_dir, tiny  # noqa: F401  data_dir is a fixture
+from test_train import tiny
 
 
 def llama_model(attention, options=LLAMA, **overrides):
@@ -212,7 +212,7 @@ def test_1b_configs_have_the_papers_and_tinyllamas_shapes():
 # ----------------------------------------------------------------------------- training
 
 @pytest.mark.parametrize("attention, options", [shape for shape in SHAPES if shape.values[1]])  # not GPT-2-style
-def test_resume_equals_uninterrupted_training(tmp_path, data_dir, attention, options):  # noqa: F811
+def test_resume_equals_uninterrupted_training(tmp_path, data_dir, attention, options):
     common = dict(attention=attention, dropout=0.1, max_iters=6, eval_interval=3, gradient_accumulation_steps=2,
                   **{**options, "n_head": 4, "intermediate_size": 40, "n_kv_head": options.get("n_kv_head", 0)})
     T.train(tiny(tmp_path / "straight", data_dir, **common), verbose=False)

@@ -23,26 +23,13 @@ import torch
 import train as T
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_resume_checkpoint, model_from_checkpoint,
                         save_checkpoint)
-from conftest import REPO, VARIANTS
+from conftest import REPO, TEXT, VARIANTS
 from faults import nan_after_step
 from model import GPT
 from prepare_char import prepare
 from runlog import RunLog
 from test_data import write_char_data
 from tokenizer import read_meta, write_meta
-
-TEXT = "".join(
-    random.Random(0).choice(["the cat sat. ", "a dog ran! ", "\n", "to be or not to be? ", "ok, "])
-    for _ in range(3000)
-)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data") / "tiny_char"
-    prepare(TEXT, d, "test text")
-    return d
-
 
 def tiny(tmp_path, data_dir, **overrides):
     config = dict(
