@@ -1,8 +1,8 @@
 """
 Files that appear whole or not at all: written under a temporary name in the same folder, flushed
-to disk, then renamed over the target (os.replace is atomic), so a crash or a kill mid-write leaves
-the previous file as it was. Checkpoints, meta.json, summary.json, results files, token files and
-downloads use it.
+to disk, then renamed over the target (os.replace is atomic) and the folder flushed too, so a crash,
+a kill or a power cut mid-write leaves the previous file as it was. Checkpoints, meta.json,
+summary.json, results files, token files and downloads use it.
 """
 import glob
 import os
@@ -24,6 +24,19 @@ def atomic_path(path):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    sync_folder(path.parent)
+
+
+def sync_folder(folder):
+    """Flush a folder's entries to disk: a rename is durable only then, so that after a power cut the
+    new file is under its name (fsyncing the file itself keeps only its contents). POSIX only."""
+    if os.name != "posix":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager

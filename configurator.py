@@ -286,6 +286,9 @@ def resolve_config(config):
                   "eval_hellaswag.py on the consolidated ckpt.pt")
     if c["decay_lr"] and c["lr_decay_iters"] <= c["warmup_iters"]:
         raise bad("lr_decay_iters", f"must exceed warmup_iters={c['warmup_iters']} when decay_lr is on")
+    if c["decay_lr"] and c["min_lr"] > c["learning_rate"]:
+        raise bad("min_lr", f"exceeds learning_rate={c['learning_rate']!r}, so the cosine 'decay' would raise the "
+                  f"rate: set min_lr below it (usually learning_rate / 10)")
     if c["hellaswag_interval"] and not c["hellaswag_file"]:
         raise bad("hellaswag_file", "hellaswag_interval is on, so name a HellaSwag jsonl file")
     _check_model(c)
@@ -304,6 +307,18 @@ def _check_model(c):
                                  f"{GPT2_CONTEXT} tokens, so fine-tune them at block_size <= {GPT2_CONTEXT}")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_pretrained_shape(c, pretrained):
+    """init_from='gpt2*' takes the model's shape from the weights (GPTConfig `pretrained`): a model key the
+    config sets to something else would be silently ignored, so it is an error."""
+    ignored = [k for k in MODEL_ARG_KEYS if k not in ("attention", "block_size", "dropout", "vocab_size")
+               and c[k] != DEFAULT_CONFIG[k] and c[k] != getattr(pretrained, k)]
+    if ignored:
+        raise ConfigError(f"init_from={c['init_from']!r} takes the model's shape from its weights, which have "
+                          f"{', '.join(f'{k}={getattr(pretrained, k)!r}' for k in ignored)}, not "
+                          f"{', '.join(f'{k}={c[k]!r}' for k in ignored)}: drop those keys from the config and "
+                          f"overrides (of the model keys, only attention, block_size and dropout apply)")
 
 
 if __name__ == "__main__":  # run as a script, or exec'd into one: NanoGPT's exec(open('configurator.py').read())

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from atomic import sync_folder
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, lock_out_dir, read_checkpoint_file,
                         save_checkpoint)
 from configurator import ConfigError
@@ -272,6 +273,7 @@ def settle_shards(out_dir, newest=None):
     elif newest == old:
         _remove(final)  # only ever older, or damaged: the newest is the .old one
         os.replace(old, final)
+    sync_folder(out_dir)  # the renames on disk before the previous checkpoint goes
     _remove(tmp)  # incomplete: a crash while writing it
     _remove(old)
 

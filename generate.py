@@ -100,7 +100,8 @@ class CacheStep:
         """Write this forward's rows (B, T, C) at their positions; return the rows of its window."""
         buffer = self.buffers.get(name)
         B, _, C = rows.shape
-        if buffer is None or buffer.shape != (B, self.max_len, C) or buffer.dtype != rows.dtype:
+        # a kept cache outlives its call: the batch, the autocast dtype or the model's device may have changed
+        if buffer is None or (buffer.shape, buffer.dtype, buffer.device) != ((B, self.max_len, C), rows.dtype, rows.device):
             buffer = self.buffers[name] = rows.new_zeros(B, self.max_len, C)
             # a fixed address lets a CUDA graph update the buffer in place instead of copying it each step
             torch._dynamo.mark_static_address(buffer)

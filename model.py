@@ -80,8 +80,8 @@ class GPTConfig:
         if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"pos='rope' turns pairs of a head's dimensions, but d_k = n_embd / n_head = "
                              f"{self.n_embd // self.n_head} is odd: pick n_embd and n_head with an even quotient")
-        if self.pos == "rope" and self.rope_theta <= 0:
-            raise ValueError(f"rope_theta={self.rope_theta} must be positive (Llama uses 10000)")
+        if self.pos == "rope" and not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"rope_theta={self.rope_theta} must be a finite positive number (Llama uses 10000)")
         self._check_kv_heads()
 
     def _check_kv_heads(self):

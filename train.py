@@ -40,7 +40,8 @@ import torch.distributed as dist
 import distributed
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, first_non_finite, load_checkpoint,
                         load_resume_checkpoint, load_weights, resume_hint, save_checkpoint)
-from configurator import DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config
+from configurator import (DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, check_pretrained_shape, get_config, help_text,
+                          resolve_config)
 from data import Batches, DataError, check_data, check_same_tokens, choose_vocab_size, config_data_dir
 from launcher import LaunchError, launch, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
@@ -284,6 +285,7 @@ def build_model(run, checkpoint):
     torch.manual_seed(c["seed"])
     if c["init_from"] in PRETRAINED_GPT2:
         model = GPT.from_pretrained(c["init_from"], dict(dropout=c["dropout"], attention=c["attention"]))
+        check_pretrained_shape(c, model.config)
         if c["block_size"] < model.config.block_size:
             model.crop_block_size(c["block_size"])
         run.model_args = {k: getattr(model.config, k) for k in MODEL_ARG_KEYS}
@@ -311,7 +313,16 @@ def build_optimizer(run, checkpoint):
         return
     if run.fsdp:  # the model and optimizer shards, into the sharded model
         distributed.load_sharded(run.raw_model, run.optimizer, checkpoint["sharded_dir"])
-        return
+    else:
+        load_optimizer_state(run, checkpoint)
+    # the moments are the checkpoint's, the hyperparameters the config's: a resume may change betas and
+    # weight decay as it may the learning rate (set at every step). Group 0 is the decayed one.
+    for group in run.optimizer.param_groups:
+        group["betas"] = (c["beta1"], c["beta2"])
+    run.optimizer.param_groups[0]["weight_decay"] = c["weight_decay"]
+
+
+def load_optimizer_state(run, checkpoint):
     try:
         run.optimizer.load_state_dict(checkpoint["optimizer"])
     except (ValueError, KeyError, TypeError, IndexError) as e:
@@ -345,8 +356,9 @@ def open_logs(run):
     if c["wandb_log"] and run.master:
         import wandb
 
-        wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
-                               resume="allow" if resuming else None)
+        # the id is the run's own, kept across resumes, so that a resume goes on in the same wandb run
+        wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c), id=run.run_id,
+                               resume="allow")
     if resuming and run.master and not c["eval_only"] and not run.keeps_earlier_run:
         dropped = trim_log(run.out_dir / "log.jsonl", run.start_iter)
         if dropped:
@@ -504,12 +516,13 @@ def evaluate(run):
     run.log.write({"type": "eval", "iter": run.iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                    "elapsed_s": run.elapsed()})
     improved = losses["val"] < run.best_val_loss
-    if improved:
-        run.best_val_loss = losses["val"]
     # a resume from a signal's checkpoint, written before this evaluation, saves it again as evaluated,
     # so that the next resume neither skips nor repeats the evaluation
     owed = run.iter_num == run.start_iter > 0 and not run.evaluated_at_start and not run.c["eval_only"]
+    # best_val_loss is that of a checkpoint: the evaluation of a fresh run's initial (or pretrained) weights,
+    # which is not saved, sets none, or with always_save_checkpoint=False nothing worse would be saved after it
     if owed or (run.iter_num > run.start_iter and (improved or run.c["always_save_checkpoint"])):
+        run.best_val_loss = min(run.best_val_loss, losses["val"])
         save(run, "evaluation", evaluated=True)
 
 

@@ -122,13 +122,20 @@ def test_a_stale_lock_names_only_the_run_that_holds_it_now(tmp_path):
 
 
 def test_an_atomic_file_reaches_the_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
-    """Renamed before fsync, a power loss could leave an empty file in place of the old checkpoint."""
+    """Renamed before fsync, a power loss could leave an empty file in place of the old checkpoint; and
+    the rename itself is on disk only once the folder is fsynced."""
     calls = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+
+    def fsync(fd):
+        calls.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
     monkeypatch.setattr(atomic.os, "replace", lambda a, b: (calls.append("replace"), real_replace(a, b))[1])
     write_text_atomic(tmp_path / "summary.json", "{}")
-    assert calls == ["fsync", "replace"] and (tmp_path / "summary.json").read_text() == "{}"
+    expected = ["fsync file", "replace", "fsync folder"] if os.name == "posix" else ["fsync file", "replace"]
+    assert calls == expected and (tmp_path / "summary.json").read_text() == "{}"
 
 
 def test_a_writer_killed_mid_write_leaves_a_file_the_next_writer_removes(tmp_path):

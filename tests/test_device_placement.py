@@ -88,6 +88,15 @@ def test_compiled_decoding_loop_stays_on_device(device, attention, overrides, mo
     assert out.device.type == device and out.shape == (2, 5 + TINY["block_size"] + 3)
 
 
+def test_the_kept_decoding_cache_follows_the_model_to_another_device(monkeypatch):
+    """Compiled decoding keeps its cache between calls: a model moved since gets one on its new device."""
+    monkeypatch.setattr(generation, "compiled_decode_step", lambda on_cuda: generation.decode_step)
+    model = model_on("cpu", "super", {}).eval()
+    model.generate(tokens("cpu"), 3, top_k=3, compile=True)
+    out = model.to("meta").generate(tokens("meta"), 3, top_k=3, compile=True)
+    assert out.device.type == "meta" and out.shape == (2, 8)
+
+
 def test_a_host_tensor_in_the_decoding_path_is_caught(device, monkeypatch):
     """The check itself: with every torch.arange made on the CPU, as a forgotten device= makes it, decoding raises."""
     arange = torch.arange

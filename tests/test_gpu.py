@@ -103,6 +103,16 @@ def test_compiled_decode_at_a_block_size_not_a_multiple_of_8(attention):
 
 
 @pytest.mark.slow
+def test_compiled_decoding_follows_the_model_to_another_device():
+    """The cache compiled decoding keeps per model is remade on the model's new device, not written across."""
+    model, x = cuda_model("super"), prompt()
+    model.generate(x, 8, top_k=1, compile=True)
+    model.cpu()
+    on_cpu = model.generate(x.cpu(), 8, top_k=1, compile=True)
+    assert torch.equal(on_cpu, model.generate(x.cpu(), 8, top_k=1))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["standard", "super"])
 def test_compiled_decoding_never_waits_for_the_gpu(attention):
     """The host queues a token's step while the GPU runs the last one: CUDA's sync debug mode raises at

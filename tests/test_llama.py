@@ -165,6 +165,8 @@ def test_flops_count_swiglu_and_grouped_key_value_projections_exactly():
     (dict(mlp="swiglu"), "set intermediate_size"),
     (dict(pos="rope", n_embd=36, n_head=4), "is odd"),
     (dict(pos="rope", rope_theta=0.0), "rope_theta"),
+    (dict(pos="rope", rope_theta=float("nan")), "must be a finite positive number"),
+    (dict(pos="rope", rope_theta=float("inf")), "must be a finite positive number"),
     (dict(norm="batchnorm"), "layernorm, rmsnorm"),
     (dict(pos="alibi"), "learned, rope"),
     (dict(mlp="relu"), "gelu, swiglu"),

@@ -4,6 +4,7 @@ Everything runs on CPU with tiny models; the in-process runs take well under a s
 import contextlib
 import errno
 import gc
+import importlib.machinery
 import json
 import os
 import random
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 import weakref
 
 import numpy as np
@@ -211,6 +213,7 @@ def test_init_from_gpt2_with_other_attention_is_a_clear_error(tmp_path, data_dir
     ({"out_dir": ""}, ["'out_dir'=''", "name a folder"]),
     ({"backend": "nccl", "device": "cpu"}, ["'backend'='nccl'", "CUDA GPUs only", "'gloo'"]),
     ({"init_from": "gpt2", "block_size": 2048}, ["block_size=2048", "context of 1024 tokens"]),
+    ({"min_lr": 1e-2}, ["'min_lr'=0.01", "exceeds learning_rate=0.001", "learning_rate / 10"]),
 ])
 def test_values_torch_would_refuse_later_are_refused_before_training(override, words, tmp_path, data_dir):
     with pytest.raises(T.ConfigError) as err:
@@ -479,13 +482,18 @@ def test_gpt2_weights_out_of_reach_are_one_error_line(tmp_path, monkeypatch, cap
     assert "couldn't connect" in err and not list((tmp_path / "out").glob("*.pt"))
 
 
-def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, monkeypatch):
-    """init_from='gpt2' takes the model's shape from OpenAI's weights, not from the config, so the same
-    command with init_from='resume' must resume it (a small random GPT-2 stands in for the download)."""
+@pytest.fixture
+def small_gpt2(monkeypatch):
+    """A small random GPT-2 (2 layers, 2 heads, 32 wide) stands in for the download of init_from='gpt2'."""
     transformers = pytest.importorskip("transformers", reason="init_from='gpt2' needs transformers")
     torch.manual_seed(0)
     hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=32, n_layer=2, n_head=2))
     monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", classmethod(lambda cls, name: hf_model))
+
+
+def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, small_gpt2):
+    """init_from='gpt2' takes the model's shape from OpenAI's weights, not from the config, so the same
+    command with init_from='resume' must resume it."""
     cfg = tiny(tmp_path, gpt2_data(tmp_path), init_from="gpt2", bias=False, max_iters=2, eval_interval=2,
                warmup_iters=0, lr_decay_iters=4)  # bias and vocab_size as the defaults leave them: GPT-2's differ
     T.train(cfg, verbose=False)
@@ -494,6 +502,18 @@ def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, monkey
     assert summary["model_args"]["vocab_size"] == 50257 and summary["model_args"]["gelu_approximate"] == "tanh"
     with pytest.raises(CheckpointError, match="attention: checkpoint 'standard', requested 'efficient'"):
         T.train({**cfg, "init_from": "resume", "max_iters": 6, "attention": "efficient"}, verbose=False)
+
+
+def test_model_keys_gpt2_weights_would_ignore_are_refused(tmp_path, small_gpt2):
+    """A config asking for RoPE or another width, fine-tuned from GPT-2, would train GPT-2's own shape:
+    each key that differs from both the default and the weights is named, with the weights' value."""
+    cfg = tiny(tmp_path, gpt2_data(tmp_path), init_from="gpt2", max_iters=2, warmup_iters=0, lr_decay_iters=4,
+               n_embd=64, pos="rope")
+    with pytest.raises(T.ConfigError) as err:
+        T.train(cfg, verbose=False)
+    assert str(err.value).startswith("init_from='gpt2' takes the model's shape from its weights, which have "
+                                     "n_embd=32, pos='learned', not n_embd=64, pos='rope': drop those keys")
+    assert not list((tmp_path / "out").glob("*.pt"))
 
 
 def test_device_cuda_without_a_gpu_is_one_error_line(tmp_path, data_dir, capsys):
@@ -706,6 +726,52 @@ def test_a_resume_keeps_the_best_checkpoint_when_the_loss_gets_worse(tmp_path, d
     checkpoint = load_checkpoint(tmp_path / "out")
     assert checkpoint["iter_num"] == 4 and checkpoint["best_val_loss"] == first["best_val_loss"] < 9.0
     assert resumed["best_val_loss"] == first["best_val_loss"] and resumed["final_val_loss"] == 9.0
+
+
+def test_a_run_whose_loss_only_gets_worse_still_saves_its_best_checkpoint(tmp_path, data_dir, monkeypatch):
+    """With always_save_checkpoint=False, the unsaved evaluation of the initial weights must not count as
+    the best: nothing after it would be saved, and summary.json would name a loss no checkpoint has."""
+    val_losses = {0: 1.0, 4: 5.0, 8: 6.0}
+    monkeypatch.setattr(T, "estimate_loss", lambda run: {"train": val_losses[run.iter_num], "val": val_losses[run.iter_num]})
+    summary = T.train(tiny(tmp_path, data_dir, max_iters=8, eval_interval=4, always_save_checkpoint=False), verbose=False)
+    checkpoint = load_checkpoint(tmp_path / "out")
+    assert checkpoint["iter_num"] == 4 and checkpoint["best_val_loss"] == summary["best_val_loss"] == 5.0
+    assert [r["val_loss"] for r in read_log(tmp_path / "out") if r["type"] == "eval"] == [1.0, 5.0, 6.0]
+
+
+def test_a_resume_takes_betas_and_weight_decay_from_its_config(tmp_path, data_dir):
+    """The moments come from the checkpoint, the hyperparameters from the config, as the learning rate does."""
+    c = tiny(tmp_path, data_dir, max_iters=4, weight_decay=0.1, beta1=0.9, beta2=0.99)
+    T.train(c, verbose=False)
+    T.train({**c, "init_from": "resume", "max_iters": 8, "weight_decay": 0.0, "beta1": 0.8, "beta2": 0.95},
+            verbose=False)
+    groups = load_checkpoint(tmp_path / "out")["optimizer"]["param_groups"]
+    assert [(g["weight_decay"], g["betas"]) for g in groups] == [(0.0, (0.8, 0.95)), (0.0, (0.8, 0.95))]
+    T.train({**c, "init_from": "resume", "max_iters": 12, "weight_decay": 0.2}, verbose=False)
+    groups = load_checkpoint(tmp_path / "out")["optimizer"]["param_groups"]
+    assert [(g["weight_decay"], g["betas"]) for g in groups] == [(0.2, (0.9, 0.99)), (0.0, (0.9, 0.99))]
+
+
+def test_a_resume_goes_on_in_the_same_wandb_run(tmp_path, data_dir, monkeypatch):
+    """wandb.init gets the run's own id, kept across resumes, so that wandb resumes the run, not starts another."""
+    inits = []
+
+    class FakeRun:
+        def log(self, *args, **kwargs):
+            pass
+
+        def finish(self):
+            pass
+
+    wandb = types.ModuleType("wandb")
+    wandb.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    wandb.init = lambda **kwargs: (inits.append(kwargs), FakeRun())[1]
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    c = tiny(tmp_path, data_dir, max_iters=4, wandb_log=True)
+    first = T.train(c, verbose=False)
+    resumed = T.train({**c, "init_from": "resume", "max_iters": 8}, verbose=False)
+    assert first["run_id"] == resumed["run_id"]
+    assert [(i["id"], i["resume"]) for i in inits] == [(first["run_id"], "allow")] * 2
 
 
 def test_resume_accepts_compiled_prefix(tmp_path, data_dir):
