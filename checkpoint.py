@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from atomic import atomic_file
+from atomic import atomic_file, why_not_writable
 from configurator import MODEL_ARG_KEYS
 from data import config_data_dir
 from model import GPT, PRETRAINED_GPT2, GPTConfig
@@ -66,8 +66,8 @@ def lock_out_dir(out_dir):
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path, "a+", encoding="utf-8")
     except OSError as e:  # a file of that name, a read-only place, no such parent
-        raise CheckpointError(f"out_dir {out_dir} cannot be used as a folder for the run: {e.strerror}: "
-                              f"{e.filename}") from None
+        raise CheckpointError(f"out_dir {out_dir} cannot be used as a folder for the run: "
+                              f"{why_not_writable(path.parent, e)}") from None
     holder = _holder_if_locked(lock)
     if holder is not None:
         lock.close()
@@ -111,6 +111,10 @@ def load_resume_checkpoint(out_dir, model_args, sharded=False):
         checkpoint = distributed.load_train_state(out_dir)
         checkpoint["source"] = checkpoint["sharded_dir"]
     else:
+        if not (out_dir / CHECKPOINT_NAME).is_file():
+            raise CheckpointError(f"no checkpoint at {out_dir / CHECKPOINT_NAME}: init_from='resume' continues the "
+                                  f"run whose out_dir this is; start it first (init_from='scratch'), or set out_dir "
+                                  f"to that run's folder")
         checkpoint = load_checkpoint(out_dir, map_location="cpu")
         checkpoint["source"] = out_dir / CHECKPOINT_NAME
         if "sharded" in checkpoint:
@@ -315,6 +319,10 @@ def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
         model = model_from_checkpoint(checkpoint, device)
     except (TypeError, ValueError, RuntimeError) as e:  # bad model_args or a state_dict that does not fit
         raise CheckpointError(f"checkpoint {out_dir} cannot be turned into a model: {type(e).__name__}: {e}") from e
+    bad = first_non_finite({"model": checkpoint["model"]})
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {out_dir}: its weight {bad} holds NaN or inf values, which train.py never "
+                              f"saves, so the file is damaged: use a copy of it, or another checkpoint")
     try:
         meta = checkpoint_meta(checkpoint)
     except (ValueError, FileNotFoundError) as e:

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from atomic import atomic_file, write_text_atomic
+from atomic import atomic_file, why_not_writable, write_text_atomic
 from checkpoint import add_model_arguments, existing_checkpoint_path, load_model_and_tokenizer
 from runtime import CpuThreads, autocast_context, resolve_device, resolve_device_and_dtype
 
@@ -447,7 +447,7 @@ def check_writable(output):
         with open(output, "a", encoding="utf-8"):
             pass
     except OSError as e:
-        raise HellaSwagError(f"cannot write the results file {output} ({e.strerror}): "
+        raise HellaSwagError(f"cannot write the results file {output} ({why_not_writable(output.parent, e)}): "
                              f"pass --output with a writable path") from None
     if not existed:
         output.unlink()

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from atomic import write_text_atomic
-from tokenizer import META_FILENAME, CharTokenizer, PrepareError, char_fingerprint, write_meta, write_tokens_atomically
+from tokenizer import (META_FILENAME, CharTokenizer, PrepareError, char_fingerprint, read_meta, write_meta,
+                       write_tokens_atomically)
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_OUT = {"shakespeare": "data/shakespeare_char", "stdlib": "data/stdlib_char"}
@@ -92,14 +93,16 @@ def encode(text, tokenizer):
 
 def prepare(text, out_dir, source):
     """Write a character-level dataset of `text` into out_dir; return its meta dict."""
-    if len(text) < 2:
-        raise PrepareError("the text is too short to split into train and val")
+    n = len(text)
+    split = int(n * TRAIN_FRACTION)
+    if min(split, n - split) < 2:  # each split needs block_size + 1 tokens, at least 2
+        raise PrepareError(f"{source}: {'the text is empty' if n == 0 else f'{n} characters'}, too short to split "
+                           f"into train and val: 90% / 10% gives {split} / {n - split} tokens, and training takes "
+                           f"block_size + 1 (2 at the least) from each; give a longer text")
     chars = "".join(sorted(set(text)))
     if len(chars) > 65536:
         raise PrepareError(f"{len(chars)} distinct characters do not fit in uint16 token ids")
     tokenizer = CharTokenizer(chars)
-    n = len(text)
-    split = int(n * TRAIN_FRACTION)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / META_FILENAME).unlink(missing_ok=True)  # a meta.json marks a complete dataset: it goes until the end
@@ -178,9 +181,20 @@ def prepare_from_args(args):
         text = stdlib_corpus(max_chars=args.max_chars)
         source = f"python{sys.version_info.major}.{sys.version_info.minor} stdlib .py sources"
     out_dir = args.out_dir or DEFAULT_OUT[args.corpus]
+    replaced = source_of_dataset(out_dir)
+    if replaced not in (None, source):  # --input's default out_dir is Tiny Shakespeare's
+        print(f"replacing the dataset in {out_dir}, which was made from {replaced}")
     if args.corpus == "shakespeare" and not args.input:
         write_text_atomic(Path(out_dir) / "input.txt", text)
     return prepare(text, out_dir, source), out_dir
+
+
+def source_of_dataset(out_dir):
+    """The source a complete dataset in out_dir was made from, or None where there is none."""
+    try:
+        return read_meta(out_dir).get("source")
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 if __name__ == "__main__":

@@ -114,8 +114,9 @@ def write_summary(run):
     if run.master and run.stop_reason != "eval_only" and not run.keeps_earlier_run:
         write_text_atomic(run.out_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
     final = summary["final_val_loss"]
-    run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_s']:.1f}s, final val loss "
-            f"{final if final is None else round(final, 4)}")
+    if run.stop_reason != "diverged":  # a diverged run is not done: the error that follows says what happened
+        run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_s']:.1f}s, " +
+                ("no evaluation in this run" if final is None else f"final val loss {round(final, 4)}"))
     if run.log.wandb is not None:
         run.log.wandb.finish()
     return summary

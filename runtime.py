@@ -46,6 +46,8 @@ def resolve_device(device="auto"):
         kind = torch.device(device).type
     except RuntimeError as e:
         raise ValueError(f"device={device!r} is not a device torch knows: {e}") from e
+    if kind == "cpu":  # one device, whatever index is written: torch.load cannot map to "cpu:1"
+        return "cpu"
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}: CUDA is not available here; use device='cpu' (or 'auto')")
     if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
@@ -139,7 +141,8 @@ def peak_memory_bytes(device):
 
 class StopSignals:
     """Turn SIGINT/SIGTERM into a flag (`received`) that the training loop checks after each step, so
-    that it stops after a checkpoint. A second Ctrl-C stops at once. Main thread only."""
+    that it stops after a checkpoint. A second Ctrl-C raises KeyboardInterrupt, when the torch call under
+    way returns (Python runs handlers between calls; two signals within one call are one). Main thread only."""
 
     def __init__(self):
         self.received = None

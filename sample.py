@@ -91,6 +91,13 @@ def true_or_false(text):
     return text == "True"
 
 
+def seed_number(text):
+    """argparse type of --seed: what torch.manual_seed takes, as train.py's seed."""
+    if not text.strip().isdigit() or int(text) >= 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number in [0, 2**63)")
+    return int(text)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(p)
@@ -99,7 +106,7 @@ def parse_args(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.8, help="> 0; lower is more deterministic")
     p.add_argument("--top_k", type=int, default=200, help="keep the top_k most likely tokens; 0 = no cut")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=seed_number, default=1337)
     p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context at every step (slower)")
     # --compile=True / False too, as NanoGPT's sample.py takes it
     p.add_argument("--compile", nargs="?", const=True, default=False, type=true_or_false,

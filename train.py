@@ -315,6 +315,10 @@ def build_optimizer(run, checkpoint):
         distributed.load_sharded(run.raw_model, run.optimizer, checkpoint["sharded_dir"])
     else:
         load_optimizer_state(run, checkpoint)
+    bad = first_non_finite_on_any_rank(run, {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict()})
+    if bad is not None:
+        raise CheckpointError(f"cannot resume from {checkpoint['source']}: its {bad} holds NaN or inf values, which "
+                              f"train.py never saves, so the file is damaged: resume from a copy of it, or start again")
     # the moments are the checkpoint's, the hyperparameters the config's: a resume may change betas and
     # weight decay as it may the learning rate (set at every step). Group 0 is the decayed one.
     for group in run.optimizer.param_groups:
@@ -526,6 +530,13 @@ def evaluate(run):
         save(run, "evaluation", evaluated=True)
 
 
+def first_non_finite_on_any_rank(run, state):
+    """checkpoint.first_non_finite of a model and optimizer state, the same on every rank: under FSDP
+    each rank sees its own shards only, so the ranks agree through a collective, and all stop together."""
+    bad = first_non_finite(state)
+    return distributed.first_on_any_rank(bad) if run.fsdp else bad
+
+
 def diverged(run, what):
     """The error for a run whose loss or weights are no longer finite: nothing more is saved."""
     path = run.out_dir / CHECKPOINT_NAME
@@ -549,9 +560,7 @@ def save(run, reason, evaluated):
     so that a resume from it neither skips nor repeats that evaluation."""
     state = {"model": run.raw_model.state_dict(),  # the uncompiled module: no "_orig_mod." prefix
              "optimizer": run.optimizer.state_dict()}
-    bad = first_non_finite(state)  # on every rank, before the collective below, so that all stop together
-    if run.fsdp:  # each rank sees its own shards only
-        bad = distributed.first_on_any_rank(bad)
+    bad = first_non_finite_on_any_rank(run, state)
     if bad is not None:
         raise diverged(run, f"{bad} holds NaN or inf values (not saving the {reason} checkpoint)")
     rng = distributed.gather_rng_state(run.generator, run.device, run.ddp)  # a collective under DDP
@@ -637,6 +646,10 @@ def main(argv=None):
     except OSError as e:  # the log or summary on a disk that filled up, say: a checkpoint is written whole or not at all
         print(f"error: {e}; the last checkpoint saved in out_dir, if any, is whole", file=sys.stderr, flush=True)
         return 1
+    except KeyboardInterrupt:  # before the run's own signal handling starts, or a second Ctrl-C during it
+        print("error: stopped by Ctrl-C; the last checkpoint saved in out_dir, if any, is whole", file=sys.stderr,
+              flush=True)
+        return 130
     return 0
 
 

@@ -542,6 +542,8 @@ def test_an_unwritable_output_fails_before_evaluating(tmp_path, hellaswag_file, 
                     "--no_progress"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and str(output) in err
+    if where == "under_a_file":
+        assert f"({tmp_path / 'a_file'} is a file, not a folder)" in err
     assert not evaluated
 
 

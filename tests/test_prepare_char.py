@@ -154,13 +154,28 @@ def test_windows_and_old_mac_line_ends_read_as_before(tmp_path):
     assert decode_file(out / "train.bin", meta) + decode_file(out / "val.bin", meta) == "one\ntwo\nthree\n" * 20
 
 
-@pytest.mark.parametrize("text", ["", "a"])
-def test_a_text_too_short_to_split_is_an_error_line(tmp_path, capsys, text):
+@pytest.mark.parametrize("text, what", [("", "the text is empty"), ("a", "1 characters"),
+                                        ("abcde", "5 characters"), ("x" * 10, "10 characters")])
+def test_a_text_too_short_to_split_is_an_error_line(tmp_path, capsys, text, what):
+    """Each split must hold 2 tokens, what the smallest block_size trains on: 10 characters give 9 / 1."""
     src = tmp_path / "short.txt"
     src.write_text(text)
     assert P.main([f"--input={src}", f"--out_dir={tmp_path / 'out'}"]) == 1
-    assert "too short to split into train and val" in one_error_line(capsys)
+    assert one_error_line(capsys).startswith(f"error: file:short.txt: {what}, too short to split into train and val")
     assert not (tmp_path / "out" / "meta.json").exists()
+    src.write_text("x" * 11)
+    assert P.main([f"--input={src}", f"--out_dir={tmp_path / 'out'}"]) == 0
+    assert read_meta(tmp_path / "out")["tokens"] == {"train": 9, "val": 2}
+
+
+def test_a_dataset_made_from_another_source_is_replaced_saying_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("the first text\n" * 20)
+    second.write_text("the second text\n" * 20)
+    for src, said in ((first, ""), (first, ""), (second, "replacing the dataset in out, which was made from file:first.txt\n")):
+        assert P.main([f"--input={src}", "--out_dir=out"]) == 0
+        assert capsys.readouterr().out.startswith(f"{said}file:{src.name}: {len(src.read_text())} characters")
 
 
 def test_an_out_dir_that_cannot_be_written_is_an_error_line(tmp_path, capsys):

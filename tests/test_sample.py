@@ -196,6 +196,14 @@ def test_threads_takes_zero_or_a_count(value, capsys):
     assert sample.parse_args(["--threads=0"]).threads == 0 and sample.parse_args(["--threads=3"]).threads == 3
 
 
+@pytest.mark.parametrize("value", ["-1", str(2**63), "1.5"])
+def test_seed_takes_what_torch_manual_seed_does(value, capsys):
+    with pytest.raises(SystemExit):
+        sample.parse_args([f"--seed={value}"])
+    assert f"'{value}': give a whole number in [0, 2**63)" in capsys.readouterr().err
+    assert sample.parse_args([f"--seed={2**63 - 1}"]).seed == 2**63 - 1
+
+
 def test_compile_refuses_other_words(capsys):
     with pytest.raises(SystemExit):
         sample.parse_args(["--compile=yes"])
@@ -211,6 +219,22 @@ def test_missing_or_unreadable_checkpoint(tmp_path, capsys):
     torch.save({"hello": 1}, tmp_path / "ckpt.pt")
     code, _, err = run(capsys, "--out_dir", tmp_path)
     assert code == 1 and "is not a checkpoint" in err
+
+
+def test_a_checkpoint_with_non_finite_weights_is_named_damaged(tmp_path, capsys):
+    """Bytes overwritten in ckpt.pt can load as NaN, which train.py never saves: say so, sample nothing."""
+    checkpoint = torch.load(write_checkpoint(tmp_path) / "ckpt.pt", weights_only=True)
+    checkpoint["model"]["transformer.ln_f.weight"][5] = float("nan")
+    torch.save(checkpoint, tmp_path / "ckpt.pt")  # not save_checkpoint, which refuses it
+    code, out, err = run(capsys, "--out_dir", tmp_path, "--max_new_tokens", 3)
+    assert code == 1 and out == ""
+    assert err == (f"error: checkpoint {tmp_path}: its weight transformer.ln_f.weight holds NaN or inf values, which train.py "
+                   f"never saves, so the file is damaged: use a copy of it, or another checkpoint\n")
+
+
+def test_a_cpu_device_with_an_index_is_the_cpu(tmp_path, capsys):
+    code, out, err = run(capsys, "--out_dir", write_checkpoint(tmp_path), "--max_new_tokens", 3, "--device", "cpu:1")
+    assert code == 0 and "char tokenizer, cpu, float32" in out, err
 
 
 def test_no_tokenizer_metadata_for_a_small_vocabulary(tmp_path, capsys):

@@ -230,20 +230,22 @@ def test_wandb_log_without_wandb_installed_is_a_config_error(tmp_path, data_dir,
         T.train(tiny(tmp_path, data_dir, wandb_log=True))
 
 
-@pytest.mark.parametrize("make", ["file", "read-only parent"])
+@pytest.mark.parametrize("make", ["file", "file above", "read-only parent"])
 def test_an_out_dir_that_cannot_be_a_folder_is_one_error_line(make, tmp_path, data_dir, capsys):
-    if make == "file":
-        out_dir = tmp_path / "README.md"
-        out_dir.write_text("not a folder\n")
-    else:
+    in_the_way = tmp_path / "README.md"
+    if make == "read-only parent":
         if os.geteuid() == 0:
             pytest.skip("root writes into read-only folders")
-        parent = tmp_path / "locked"
-        parent.mkdir(mode=0o500)
-        out_dir = parent / "out"
+        (tmp_path / "locked").mkdir(mode=0o500)
+        out_dir, reason = tmp_path / "locked" / "out", "Permission denied: "
+    else:
+        in_the_way.write_text("not a folder\n")
+        out_dir = in_the_way if make == "file" else in_the_way / "out"
+        reason = f"{in_the_way} is a file, not a folder"
     assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, out_dir=str(out_dir)).items()]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"error: out_dir {out_dir} cannot be used as a folder") and err.count("\n") == 1
+    assert err.startswith(f"error: out_dir {out_dir} cannot be used as a folder for the run: {reason}")
+    assert err.count("\n") == 1 and (make == "read-only parent" or err.endswith(f"{reason}\n"))
 
 
 # -----------------------------------------------------------------------------
@@ -774,6 +776,32 @@ def test_a_resume_goes_on_in_the_same_wandb_run(tmp_path, data_dir, monkeypatch)
     assert [(i["id"], i["resume"]) for i in inits] == [(first["run_id"], "allow")] * 2
 
 
+@pytest.mark.parametrize("entry", ["model", "optimizer"])
+def test_a_damaged_checkpoint_is_refused_at_resume_not_taken_for_divergence(entry, tmp_path, data_dir):
+    """Bytes overwritten in ckpt.pt can load as NaN: without a check the resume's first step would
+    diverge and blame the learning rate. The file is named damaged and left as it is."""
+    T.train(tiny(tmp_path, data_dir, max_iters=4), verbose=False)
+    path = tmp_path / "out" / CHECKPOINT_NAME
+    checkpoint = torch.load(path, weights_only=True)
+    model, optimizer = checkpoint["model"], checkpoint["optimizer"]["state"]
+    damaged = model["transformer.ln_f.weight"] if entry == "model" else optimizer[0]["exp_avg"]
+    damaged.view(-1)[7] = float("nan")
+    torch.save(checkpoint, path)  # not save_checkpoint, which refuses it
+    before = path.read_bytes()
+    where = "transformer.ln_f.weight" if entry == "model" else "optimizer state 0 exp_avg"
+    with pytest.raises(CheckpointError, match=f"cannot resume from {re.escape(str(path))}: its {where} holds NaN or "
+                                              f"inf values, which train.py never saves, so the file is damaged"):
+        T.train(tiny(tmp_path, data_dir, max_iters=6, init_from="resume"), verbose=False)
+    assert path.read_bytes() == before
+
+
+def test_a_resume_without_a_checkpoint_says_how_to_start_the_run(tmp_path, data_dir):
+    with pytest.raises(CheckpointError) as err:
+        T.train(tiny(tmp_path, data_dir, init_from="resume"), verbose=False)
+    assert str(err.value).startswith(f"no checkpoint at {tmp_path / 'out' / CHECKPOINT_NAME}: init_from='resume' "
+                                     f"continues the run whose out_dir this is; start it first (init_from='scratch')")
+
+
 def test_resume_accepts_compiled_prefix(tmp_path, data_dir):
     """NanoGPT checkpoints of compiled models carry "_orig_mod."; ours do not, but load either."""
     T.train(tiny(tmp_path, data_dir, max_iters=4), verbose=False)
@@ -1184,7 +1212,36 @@ def test_nan_loss_from_command_line_exits_with_message(tmp_path, data_dir, monke
     monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None, **kw: (None, torch.tensor(float("inf"), requires_grad=True)))
     cfg = tiny(tmp_path, data_dir, max_iters=3, eval_interval=100)
     assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
-    assert "iteration 0" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "iteration 0" in err and "done:" not in out  # a diverged run is not done
+
+
+def test_a_ctrl_c_before_the_run_handles_signals_is_one_error_line(tmp_path, data_dir, monkeypatch, capsys):
+    """While the config and data are read, Python's own KeyboardInterrupt is what a Ctrl-C raises."""
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(T, "check_data", interrupted)
+    assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]) == 130
+    assert capsys.readouterr().err == "error: stopped by Ctrl-C; the last checkpoint saved in out_dir, if any, is whole\n"
+
+
+def test_the_last_line_of_a_run_stopped_before_any_evaluation_says_so(tmp_path, data_dir, monkeypatch, capsys):
+    real_forward = GPT.forward
+
+    def forward(self, idx, targets=None, **kwargs):  # a Ctrl-C in the first step of each run
+        if self.training and targets is not None and not calls:
+            calls.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_forward(self, idx, targets, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    cfg = tiny(tmp_path, data_dir, max_iters=50, eval_interval=100)
+    for init_from, last_line in (("scratch", r"done: 1 iterations in [\d.]+s, final val loss [\d.]+"),
+                                 ("resume", r"done: 1 iterations in [\d.]+s, no evaluation in this run")):
+        calls = []
+        T.train({**cfg, "init_from": init_from})
+        assert re.fullmatch(last_line, capsys.readouterr().out.splitlines()[-1])
 
 
 @pytest.mark.parametrize("case, failing_save, kept", [
