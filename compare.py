@@ -81,7 +81,7 @@ def parse_args(argv):
     parser.add_argument("--learning_rates", default="", help="comma-separated peak learning rates, each tried for "
                         "every variant and size (min_lr at the config's ratio); each variant is compared at its best")
     parser.add_argument("--launcher", default="", help='e.g. "torchrun --standalone --nproc_per_node=8"')
-    parser.add_argument("--hellaswag_file", default="", help="HellaSwag jsonl to evaluate each final checkpoint on")
+    parser.add_argument("--hellaswag_file", default="", help="HellaSwag jsonl to score each run's checkpoint on")
     parser.add_argument("--hellaswag_limit", type=int, default=None)
     args, train_overrides = parser.parse_known_args(argv)
     check_args(parser, args, train_overrides)
@@ -206,7 +206,7 @@ def check_hellaswag_file(args, train_overrides):
 
 
 def add_hellaswag(summaries, plan, args):
-    """Each final checkpoint's HellaSwag scores into its summary; in a --learning_rates sweep only those
+    """Each run's checkpoint's HellaSwag scores into its summary; in a --learning_rates sweep only those
     of the runs at each variant's best learning rate, which are the ones compared."""
     if args.learning_rates:
         best = frontier.best_learning_rates(list(summaries.values()), {run.size for run in plan}, args.variants)
@@ -227,7 +227,8 @@ def hellaswag_scores(run_dir, args):
     if kept and kept["scored"] == scored:
         return kept["scores"]
     results = evaluate_checkpoint(run_dir, args.hellaswag_file, args.hellaswag_limit)
-    scores = {k: results[k] for k in ("acc", "acc_norm", "acc_char_norm")}
+    # "iter": which model was scored: the run's last, or with always_save_checkpoint=False its best val loss's
+    scores = {k: results[k] for k in ("acc", "acc_norm", "acc_char_norm")} | {"iter": results["iter_num"]}
     write_text_atomic(run_dir / HELLASWAG_NAME, json.dumps({"scored": scored, "scores": scores}))
     return scores
 

@@ -214,8 +214,11 @@ def harness_texts(example):
     """(query, [continuation x4], [character length x4]) as lm-evaluation-harness scores them."""
     query = harness_preprocess(example["activity_label"] + ": " + example["ctx_a"] + " " + example["ctx_b"].capitalize())
     choices = [harness_preprocess(ending) for ending in example["endings"]]
-    # the continuation carries the target delimiter " ", the normalising length does not
-    return query, [" " + choice for choice in choices], [len(choice) for choice in choices]
+    # the continuation carries the target delimiter " ", the normalising length does not; and whitespace
+    # that ends the query (a "[step]" removed) moves to the continuations, as the harness's _encode_pair does
+    context = query.rstrip()
+    moved = query[len(context):]
+    return context, [moved + " " + choice for choice in choices], [len(choice) for choice in choices]
 
 
 def _encode(tokenizer, text, example, what):
@@ -414,12 +417,12 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
 
 def evaluate_checkpoint(out_dir, data_file, limit=None, device="auto", dtype="auto", batch_size=1):
     """Load a training run's checkpoint (its out_dir, or the file) with its tokenizer and score it on
-    a HellaSwag jsonl: the results of `evaluate`."""
+    a HellaSwag jsonl: the results of `evaluate`, and the checkpoint's iteration (iter_num)."""
     device, dtype = resolve_device_and_dtype(device, dtype)  # a bad one is refused before anything loads
     examples = load_examples(data_file, limit)
-    model, tokenizer, _ = load_model_and_tokenizer("resume", out_dir, device)
+    model, tokenizer, info = load_model_and_tokenizer("resume", out_dir, device)
     check_encodable(examples, tokenizer)
-    return evaluate(model, examples, tokenizer, device, batch_size=batch_size, dtype=dtype)
+    return evaluate(model, examples, tokenizer, device, batch_size=batch_size, dtype=dtype) | {"iter_num": info["iter_num"]}
 
 
 # -----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ COLUMNS = [
     ("HellaSwag acc", "hellaswag_acc", "high", "{:.4f}"),
     ("HellaSwag acc_norm", "hellaswag_acc_norm", "high", "{:.4f}"),
     ("HellaSwag acc_char_norm", "hellaswag_acc_char_norm", "high", "{:.4f}"),
+    ("HellaSwag of iteration", "hellaswag_iter", None, "{:,.0f}"),  # the checkpoint scored: last, or best val
     ("ms/iter", "mean_ms_per_iter", "low", "{:.1f}"),
     ("tokens/s", "tokens_per_s", "high", "{:,.0f}"),
     ("peak memory (MB)", "peak_memory_mb", "low", "{:,.0f}"),

@@ -96,6 +96,7 @@ class PlannedRun:
     run_dir: Path
     train_args: list = field(default_factory=list)
     learning_rate: float = None  # the peak learning rate of a --learning_rates sweep; None: the config's
+    settings: dict = None  # what its results depend on beyond train_args (planned_settings)
 
     def describe(self):
         lr = "" if self.learning_rate is None else f", learning rate {self.learning_rate:g}"
@@ -120,15 +121,37 @@ def resolved_config(config_file, overrides):
         raise SweepError(str(e)) from None
 
 
+def planned_settings(c):
+    """What a run's results depend on beyond its arguments, kept in its record: the config they resolve
+    to (a config file edited since gives other values for the same arguments) and the data's meta.json
+    (a dataset prepared again from another text)."""
+    return {"config": json.loads(json.dumps(c)), "data": data_meta(c)}
+
+
+def data_meta(c):
+    """The meta.json of the data a config trains on; a missing or bad one is a SweepError."""
+    try:
+        return read_meta(config_data_dir(c))
+    except (FileNotFoundError, ValueError) as e:
+        raise SweepError(str(e)) from None
+
+
+def settings_changed(recorded, settings):
+    """What differs between a record's settings and the plan's, in words ("" when nothing does, or
+    when the record is from before settings were kept)."""
+    if not recorded.get("settings") or settings is None:
+        return ""
+    then, now = recorded["settings"]["config"], settings["config"]
+    changed = [f"{key}={then.get(key)!r} then, {now.get(key)!r} now" for key in now if then.get(key) != now.get(key)]
+    if recorded["settings"]["data"] != settings["data"]:
+        changed.append("the data's meta.json")
+    return ", ".join(changed)
+
+
 def model_flops_per_token(c):
     """Training FLOPs per token of the model this config builds, without training it (meta device:
     no memory is allocated). The vocabulary comes from the data's meta.json, as train.py takes it."""
-    data_dir = config_data_dir(c)
-    try:
-        meta = read_meta(data_dir)
-    except (FileNotFoundError, ValueError) as e:
-        raise SweepError(str(e)) from None
-    vocab_size = choose_vocab_size(c, meta, -1, data_dir)  # the data's largest id is train.py's check
+    vocab_size = choose_vocab_size(c, data_meta(c), -1, config_data_dir(c))  # the data's largest id is train.py's check
     args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": vocab_size}
     with torch.device("meta"):
         return GPT(GPTConfig(**args)).flops_per_token()
@@ -168,9 +191,10 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
                     warmup_iters=0, eval_interval=probe_iters, eval_iters=1, log_interval=probe_iters,
                     always_save_checkpoint=False)
     train_args = [config_file, *overrides, *(format_override(key, value) for key, value in settings.items())]
+    probed = planned_settings(resolved_config(config_file, train_args[1:]))
     record, summary = read_json(probe_dir / RECORD_NAME), read_json(probe_dir / SUMMARY_NAME)
     if not (record and record["launcher"] == launcher and same_plan(record["train_args"], train_args)
-            and completed(summary, probe_iters)):
+            and record.get("settings") == probed and completed(summary, probe_iters)):
         shutil.rmtree(probe_dir, ignore_errors=True)
         probe_dir.mkdir(parents=True)
         with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
@@ -183,7 +207,8 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
         if not completed(summary, probe_iters):  # its train.py stopped by a signal of its own
             raise RunFailed(f"the timing probe of {variant} stopped before its {probe_iters} steps; see "
                             f"{probe_dir / 'probe.log'}, and rerun the same command to probe again")
-        write_text_atomic(probe_dir / RECORD_NAME, json.dumps({"launcher": launcher, "train_args": train_args}))
+        write_text_atomic(probe_dir / RECORD_NAME, json.dumps({"launcher": launcher, "train_args": train_args,
+                                                               "settings": probed}))
     return summary["mean_ms_per_iter"] / 1000
 
 
@@ -250,11 +275,11 @@ def plan_size(args, overrides, shape, out_dir):
             settings = dict(attention=variant, seed=seed, out_dir=str(run_dir), **schedule,
                             **learning_rate_settings(c, lr))
             train_args = [args.config, *overrides, *shape_args, *(format_override(k, v) for k, v in settings.items())]
-            resolved_config(args.config, train_args[1:])  # every run's settings are checked before any trains
+            run_config = resolved_config(args.config, train_args[1:])  # every run's is checked before any trains
             runs[variant, lr, seed] = PlannedRun(
                 size=label, variant=variant, seed=seed, iterations=iterations, schedule=schedule,
                 flops_per_token=costs[variant][0], tokens_per_iter=cost_per_iter("tokens", c, 0, None),
-                run_dir=run_dir, train_args=train_args, learning_rate=lr)
+                run_dir=run_dir, train_args=train_args, learning_rate=lr, settings=planned_settings(run_config))
     return label, budget, runs, costs[args.reference][0]
 
 
@@ -348,6 +373,10 @@ def run_status(run):
     if not same_plan(record["train_args"], run.train_args):
         raise SweepError(f"{run.run_dir} holds a run planned with other settings (its {RECORD_NAME} differs): "
                          f"rerun the command that made it, or choose another --out_dir")
+    changed = settings_changed(record, run.settings)
+    if changed:
+        raise SweepError(f"{run.run_dir} holds a run of the same arguments, but the config file or the data changed "
+                         f"since it was planned ({changed}): restore them, or choose another --out_dir")
     if finished(run, read_json(run.run_dir / SUMMARY_NAME)):
         return "done"
     return "resume" if (run.run_dir / CHECKPOINT_NAME).exists() else "new"
@@ -377,7 +406,8 @@ SEGMENT_KEYS = ("wall_time_s", "iterations_this_run", "mean_ms_per_iter", "peak_
 def record_run(run, segments):
     """compare_run.json: the arguments the run was planned with, and what each of its train.py
     processes so far (one, or one per resume) reported of its own segment."""
-    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "segments": segments}))
+    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "settings": run.settings,
+                                                            "segments": segments}))
 
 
 def file_version(path):

@@ -404,7 +404,7 @@ def test_a_stop_while_scoring_hellaswag_keeps_the_tables_and_the_scores_so_far(t
         scored.append(run_dir.name)
         if len(scored) == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler stopping the job would
-        return {"acc": 0.25, "acc_norm": 0.5, "acc_char_norm": 0.75}
+        return {"acc": 0.25, "acc_norm": 0.5, "acc_char_norm": 0.75, "iter_num": 2}
 
     monkeypatch.setattr(compare, "evaluate_checkpoint", score)
     argv = [str(config), "--variants=standard,efficient", f"--out_dir={out_dir}", f"--hellaswag_file={hellaswag}",
@@ -417,6 +417,7 @@ def test_a_stop_while_scoring_hellaswag_keeps_the_tables_and_the_scores_so_far(t
     assert scored == ["standard-seed0", "efficient-seed0", "efficient-seed0"]  # standard's score was kept
     table = (out_dir / "results.md").read_text()
     assert "| HellaSwag acc |" in table and table.count("| 0.2500 (1) |") == 2
+    assert "| HellaSwag of iteration |" in table
 
 
 def test_hellaswag_scores_are_kept_only_for_the_same_file_limit_and_checkpoint(tmp_path, monkeypatch):
@@ -427,12 +428,12 @@ def test_hellaswag_scores_are_kept_only_for_the_same_file_limit_and_checkpoint(t
 
     def score(run_dir, data_file, limit):
         scored.append(limit)
-        return {"acc": 0.25, "acc_norm": 0.5, "acc_char_norm": 0.75}
+        return {"acc": 0.25, "acc_norm": 0.5, "acc_char_norm": 0.75, "iter_num": 4}
 
     monkeypatch.setattr(compare, "evaluate_checkpoint", score)
     for limit in (None, None, 1):
         scores = compare.hellaswag_scores(tmp_path, SimpleNamespace(hellaswag_file=str(data), hellaswag_limit=limit))
-        assert scores == {"acc": 0.25, "acc_norm": 0.5, "acc_char_norm": 0.75}
+        assert scores == {"acc": 0.25, "acc_norm": 0.5, "acc_char_norm": 0.75, "iter": 4}
     os.replace(tmp_path / CHECKPOINT_NAME, tmp_path / "old.pt")  # a new checkpoint, as a retrained run leaves
     (tmp_path / CHECKPOINT_NAME).write_bytes(b"trained again")
     compare.hellaswag_scores(tmp_path, SimpleNamespace(hellaswag_file=str(data), hellaswag_limit=1))
@@ -832,6 +833,27 @@ def test_a_rerun_with_other_settings_is_refused(tiny_run, capsys):
     assert json.loads((out_dir / "efficient-seed0" / "summary.json").read_text())["iterations"] == 2
 
 
+def test_a_rerun_after_the_config_file_or_the_data_changed_is_refused(tiny_run, capsys):
+    """The same arguments, but a config file edited since (or the data prepared again): the finished run
+    trained with other settings, and a table beside new runs would compare unlike with unlike."""
+    config, out_dir = tiny_run
+    argv = [str(config), "--variants=efficient", f"--out_dir={out_dir}", "--max_iters=2"]
+    assert compare.main(argv) == 0
+    original = config.read_text()
+    config.write_text(original + "learning_rate = 3e-2\n")
+    assert compare.main(argv) == 1
+    assert (f"{out_dir / 'efficient-seed0'} holds a run of the same arguments, but the config file or the data "
+            f"changed since it was planned (learning_rate=0.01 then, 0.03 now): restore them") in capsys.readouterr().err
+    config.write_text(original)
+    meta_path = config.parent / "data" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "source": "another text"}))
+    assert compare.main(argv) == 1
+    assert "changed since it was planned (the data's meta.json)" in capsys.readouterr().err
+    meta_path.write_text(json.dumps(meta))
+    assert compare.main(argv) == 0 and "finished already, skipped" in capsys.readouterr().out
+
+
 def test_a_run_folder_the_sweep_did_not_plan_is_never_overwritten(tiny_run, capsys):
     config, out_dir = tiny_run
     theirs = out_dir / "standard-seed0"  # where the sweep would put standard: a plain train.py run of another variant
@@ -992,12 +1014,16 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_keeps_its_earlier_segment
     assert summary["wall_time_s"] == pytest.approx(3.0 + 0.2) and summary["training_flops"] == 100 * 64 * 10
 
 
-def test_a_timing_probe_under_another_launcher_is_run_again(tmp_path):
+def test_a_timing_probe_under_another_launcher_or_config_is_run_again(tiny_run, tmp_path):
+    config, _ = tiny_run
     launcher, calls = fake_train_launcher(tmp_path)
     probe_dir = tmp_path / "probes" / "efficient"
     for used in (launcher, launcher, f"{launcher} --nproc_per_node=2"):
-        assert sweep.probe_seconds_per_iter("tiny.py", [], "efficient", probe_dir, 3, used) == 0.02
+        assert sweep.probe_seconds_per_iter(str(config), [], "efficient", probe_dir, 3, used) == 0.02
     assert len(calls.read_text().splitlines()) == 2  # the same launcher reuses its probe
+    config.write_text(config.read_text() + "batch_size = 2\n")  # the same arguments, another step
+    sweep.probe_seconds_per_iter(str(config), [], "efficient", probe_dir, 3, f"{launcher} --nproc_per_node=2")
+    assert len(calls.read_text().splitlines()) == 3
 
 
 @pytest.mark.slow

@@ -192,6 +192,16 @@ def test_harness_preprocessing():
     assert ctx == ex["ctx"] and raw[0] == " [step] Scrub  it well."
 
 
+def test_whitespace_ending_the_harness_query_is_scored_with_each_continuation():
+    """A query whose last bracket is removed ends in a space; the harness's _encode_pair moves it to the
+    continuation, whose log-likelihood then includes it, which changes the char-normalised choice."""
+    ex = example(["Mix it well.", "Bake it."], 0, ctx_a="[header] How to bake [title] Add the flour. [step]", ctx_b="",
+                 activity="Food")
+    query, continuations, lengths = eh.harness_texts(ex)
+    assert query == "Food: How to bake. Add the flour." and continuations == ["  Mix it well.", "  Bake it."]
+    assert lengths == [12, 8]
+
+
 # -----------------------------------------------------------------------------
 # the log-likelihood against a position-by-position computation, every variant
 
@@ -434,7 +444,7 @@ def test_hellaswag_during_training(tmp_path, hellaswag_file):
     assert all(r["n"] == 3 and {"acc", "acc_norm", "acc_char_norm"} <= r.keys() for r in hellaswag)
     # the last score is that of the final weights, as eval_hellaswag.py finds them in the checkpoint
     alone = eh.evaluate_checkpoint(out_dir, hellaswag_file, limit=3, device="cpu", dtype="float32")
-    assert hellaswag[-1]["iter"] == json.loads((out_dir / "summary.json").read_text())["iterations"]
+    assert hellaswag[-1]["iter"] == alone["iter_num"] == json.loads((out_dir / "summary.json").read_text())["iterations"]
     assert hellaswag[-1]["correct"] == alone["correct"]
 
 
