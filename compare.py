@@ -36,6 +36,7 @@ The results land in
 """
 
 import argparse
+import difflib
 import json
 import math
 import shlex
@@ -48,6 +49,7 @@ import sweep
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, CheckpointError
 from data import config_data_dir
+from configurator import DEFAULT_CONFIG
 from eval_hellaswag import HellaSwagError, check_encodable, evaluate_checkpoint, load_examples
 from model import ATTENTION_CLASSES, ATTENTION_VARIANTS
 from runtime import sigterm_as_ctrl_c
@@ -101,6 +103,8 @@ def check_args(parser, args, train_overrides):
         parser.error("--seeds must be at least 1 and --probe_iters at least 2")
     if not Path(args.config).is_file():
         parser.error(f"config file {args.config} does not exist")
+    if args.hellaswag_limit is not None and not args.hellaswag_file:  # else silently unused
+        parser.error("--hellaswag_limit limits the examples of --hellaswag_file: give the file too")
     if args.launcher:
         check_launcher(parser, args.launcher)
     check_out_dir(parser, Path(args.out_dir))
@@ -120,14 +124,27 @@ def check_args(parser, args, train_overrides):
     for override in train_overrides:
         if not override.startswith("--") or "=" not in override:
             parser.error(f"{override!r}: train.py settings are passed as --key=value")
-        key = override.split("=", 1)[0][2:]
+        key, value = override[2:].split("=", 1)
+        check_not_a_misspelled_option(parser, key, value)
         if key in ("attention", "seed", "out_dir", "init_from"):
-            parser.error(f"{override!r}: compare.py sets attention, seed, out_dir and init_from itself")
+            parser.error(f"{override!r}: compare.py sets attention, seed, out_dir and init_from itself (--variants, "
+                         f"--seeds=N for seeds 0..N-1, --out_dir)")
         if args.sizes and key in sweep.SHAPE_KEYS:
             parser.error(f"{override!r}: with --sizes, each size sets n_layer, n_head and n_embd")
         if args.learning_rates and key in ("learning_rate", "min_lr"):
             parser.error(f"{override!r}: with --learning_rates, each run's learning_rate and min_lr are set from "
                          f"the list (min_lr at the config's ratio to learning_rate)")
+
+
+def check_not_a_misspelled_option(parser, key, value):
+    """--key=value that is not compare.py's own goes to train.py; a key train.py does not know either, or
+    a list given to one of train.py's single values, is most likely one of compare.py's options mistyped."""
+    ours = [option[2:] for option in parser._option_string_actions if option.startswith("--")]
+    plural = f"{key}s" if f"{key}s" in ours and "," in value else None
+    if key not in DEFAULT_CONFIG or plural:
+        close = [plural] if plural else difflib.get_close_matches(key, ours, n=1)
+        if close:
+            parser.error(f"--{key}={value}: did you mean compare.py's --{close[0]}?")
 
 
 def check_out_dir(parser, out_dir):
@@ -195,7 +212,7 @@ def check_hellaswag_file(args, train_overrides):
     except HellaSwagError as e:
         raise sweep.SweepError(f"--hellaswag_file: {e}") from None
     try:
-        data_dir = config_data_dir(sweep.resolved_config(args.config, train_overrides))
+        data_dir = config_data_dir(sweep.resolved_config(args.config, train_overrides, schedule_checked_per_run=True))
         tokenizer = tokenizer_from_meta(read_meta(data_dir))
     except Exception:  # no dataset yet (the plan says so), or its tokenizer is not to be had here: scored later
         return
@@ -231,6 +248,21 @@ def hellaswag_scores(run_dir, args):
     scores = {k: results[k] for k in ("acc", "acc_norm", "acc_char_norm")} | {"iter": results["iter_num"]}
     write_text_atomic(run_dir / HELLASWAG_NAME, json.dumps({"scored": scored, "scores": scores}))
     return scores
+
+
+def check_earlier_results(out_dir, plan):
+    """results.md and results.json are replaced by a comparison that holds every run they tabulate (the
+    same one rerun, or one extended by seeds, variants or sizes), never by one of other runs."""
+    try:
+        earlier = json.loads((out_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return
+    planned = {str(run.run_dir) for run in plan}
+    dropped = [run["run_dir"] for run in earlier.get("plan", []) if run.get("run_dir") not in planned]
+    if dropped:
+        raise sweep.SweepError(f"{out_dir} holds the results of another comparison ({earlier.get('command', '?')}), "
+                               f"{len(dropped)} of whose runs this one does not plan (e.g. {dropped[0]}), so its "
+                               f"results.md and results.json would lose them: choose another --out_dir")
 
 
 def write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir):
@@ -269,8 +301,13 @@ def main(argv=None):
         if args.hellaswag_file:
             check_hellaswag_file(args, train_overrides)
         plan, budgets = sweep.plan_sweep(args, train_overrides, out_dir)
+        check_earlier_results(out_dir, plan)
         print(describe_plan(args, plan, budgets), flush=True)
         summaries = sweep.run_sweep(plan, args.launcher)
+    except KeyboardInterrupt:  # while planning: the runs themselves stop through SweepInterrupted
+        print("stopped by Ctrl-C before the next run started; rerun the same command to continue (finished runs are "
+              "skipped)", file=sys.stderr)
+        return 130
     except sweep.SweepInterrupted as e:
         print(f"stopped by {e}; rerun the same command to continue (finished runs are skipped)", file=sys.stderr)
         return 130

@@ -134,7 +134,7 @@ def load_examples(path, limit=None):
     Each example gets "label" as an int and "_line", its line number."""
     path = Path(path)
     if limit is not None and limit < 1:
-        raise HellaSwagError(f"limit={limit} must be at least 1 (or None for every example)")
+        raise HellaSwagError(f"limit={limit} must be at least 1 (leave it out, or None, for every example)")
     if path.is_dir():
         raise HellaSwagError(f"HellaSwag data file {path} is a folder: pass the .jsonl file in it")
     if not path.is_file():
@@ -454,6 +454,10 @@ def check_writable(output):
                              f"pass --output with a writable path") from None
     if not existed:
         output.unlink()
+    else:  # an earlier evaluation's: replaced when this one ends, as a rerun expects, but said
+        earlier = json.loads(output.read_text(encoding="utf-8"))
+        print(f"note: {output} holds an earlier evaluation's results ({earlier['n']} examples of "
+              f"{earlier['settings'].get('data_file', '?')}), which this one's will replace", file=sys.stderr)
 
 
 def is_results_file(path, max_bytes=1 << 20):

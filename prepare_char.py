@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from atomic import write_text_atomic
-from tokenizer import (META_FILENAME, CharTokenizer, PrepareError, char_fingerprint, read_meta, write_meta,
+from tokenizer import (META_FILENAME, CharTokenizer, PrepareError, char_fingerprint, dataset_source, write_meta,
                        write_tokens_atomically)
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -181,20 +181,12 @@ def prepare_from_args(args):
         text = stdlib_corpus(max_chars=args.max_chars)
         source = f"python{sys.version_info.major}.{sys.version_info.minor} stdlib .py sources"
     out_dir = args.out_dir or DEFAULT_OUT[args.corpus]
-    replaced = source_of_dataset(out_dir)
+    replaced = dataset_source(out_dir)
     if replaced not in (None, source):  # --input's default out_dir is Tiny Shakespeare's
         print(f"replacing the dataset in {out_dir}, which was made from {replaced}")
     if args.corpus == "shakespeare" and not args.input:
         write_text_atomic(Path(out_dir) / "input.txt", text)
     return prepare(text, out_dir, source), out_dir
-
-
-def source_of_dataset(out_dir):
-    """The source a complete dataset in out_dir was made from, or None where there is none."""
-    try:
-        return read_meta(out_dir).get("source")
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from tokenizer import (
     TOKEN_DTYPE,
     PrepareError,
     TokenizerUnavailableError,
+    dataset_source,
     gpt2_encoding,
     write_meta,
 )
@@ -194,8 +195,10 @@ def local_kind(path):
 
 
 def looks_like_a_path(name):
-    # hub names are "name" or "owner/name"; anything else that does not exist is a mistyped path
-    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or local_kind(Path(name)) is not None
+    # hub names are "name" or "owner/name"; anything else that does not exist (a folder written with its
+    # trailing slash among them) is a mistyped path
+    return (name.startswith(("/", ".", "~")) or name.endswith("/") or name.count("/") > 1
+            or local_kind(Path(name)) is not None)
 
 
 def named_for_split(relative_path, split):
@@ -686,11 +689,16 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=2357, help="seed of the train/val split")
     parser.add_argument("--max_docs", type=int, default=None, help="use only the first N documents (a quick run)")
     args = parser.parse_args(argv)
+    out_dir = args.out_dir or default_out_dir(args.dataset)
+    replaced = dataset_source(out_dir)
     try:
         meta = prepare(**vars(args))
     except (PrepareError, TokenizerUnavailableError) as err:
         sys.exit(f"error: {err}")
-    out_dir = args.out_dir or default_out_dir(args.dataset)
+    except KeyboardInterrupt:  # every file is written whole or not at all: the earlier dataset, if any, is intact
+        sys.exit(f"stopped by Ctrl-C; {out_dir} holds the dataset it held before, if any")
+    if replaced not in (None, meta["source"]):
+        print(f"replaced the dataset in {out_dir}, which was made from {replaced}")
     print(f"wrote {out_dir}: {meta['tokens']['train']:,} train tokens ({meta['documents']['train']:,} documents), "
           f"{meta['tokens']['val']:,} val tokens ({meta['documents']['val']:,} documents), "
           f"{meta['empty_documents_skipped']:,} empty documents skipped")

@@ -113,10 +113,15 @@ class PlannedRun:
                     training_flops=self.training_flops, run_dir=str(self.run_dir))
 
 
-def resolved_config(config_file, overrides):
-    """train.py's own config for these arguments; its ConfigError becomes a SweepError."""
+def resolved_config(config_file, overrides, schedule_checked_per_run=False):
+    """train.py's own config for these arguments; its ConfigError becomes a SweepError.
+    schedule_checked_per_run: the config the budgets come from, whose lr_decay_iters no run keeps
+    (scaled_schedule gives each its own, checked with the run), so not checked against warmup_iters."""
     try:
-        return resolve_config(get_config([config_file, *overrides]))
+        c = get_config([config_file, *overrides])
+        if schedule_checked_per_run:
+            c["lr_decay_iters"] = max(c["lr_decay_iters"], c["warmup_iters"] + 1)
+        return resolve_config(c)
     except ConfigError as e:
         raise SweepError(str(e)) from None
 
@@ -153,8 +158,11 @@ def model_flops_per_token(c):
     no memory is allocated). The vocabulary comes from the data's meta.json, as train.py takes it."""
     vocab_size = choose_vocab_size(c, data_meta(c), -1, config_data_dir(c))  # the data's largest id is train.py's check
     args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": vocab_size}
-    with torch.device("meta"):
-        return GPT(GPTConfig(**args)).flops_per_token()
+    try:
+        with torch.device("meta"):
+            return GPT(GPTConfig(**args)).flops_per_token()
+    except ValueError as e:  # a combination this variant refuses, e.g. grouped-query keys without W^K
+        raise SweepError(f"attention={c['attention']!r}: {e}") from None
 
 
 def iterations_for_budget(budget, cost_per_iter, what):
@@ -254,7 +262,7 @@ def plan_size(args, overrides, shape, out_dir):
     sweep (the config's alone without --learning_rates) and every seed. Returns (label, budget, runs,
     the reference's FLOPs per token)."""
     shape_args = [format_override(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
-    c = resolved_config(args.config, overrides + shape_args)
+    c = resolved_config(args.config, overrides + shape_args, schedule_checked_per_run=True)
     label = size_label(tuple(c[k] for k in SHAPE_KEYS))
     if c["max_iters"] < 1:
         raise SweepError(f"each run's schedule is the config's stretched by its iterations / max_iters: max_iters "

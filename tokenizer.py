@@ -205,6 +205,15 @@ def read_meta(data_dir):
     return meta
 
 
+def dataset_source(data_dir):
+    """The source ("source" in meta.json) a complete dataset in data_dir was made from, or None where there
+    is none: what a prepare script names when it replaces the dataset with one of another source."""
+    try:
+        return read_meta(data_dir).get("source")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 class _PlainDataUnpickler(pickle.Unpickler):
     """Reads dicts, strings and numbers only: a pickle that names a class or function (which loading
     would call) is refused."""

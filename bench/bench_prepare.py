@@ -80,6 +80,8 @@ def main():
     parser.add_argument("--num_proc", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per num_proc; the fastest is reported")
     args = parser.parse_args()
+    if not args.megabytes > 0 or min(args.num_proc) < 1 or args.repeats < 1:
+        parser.error("--megabytes must be positive, and --num_proc and --repeats at least 1")
     try:
         gpt2_encoding()  # before building the corpus: offline, this needs TIKTOKEN_CACHE_DIR
     except TokenizerUnavailableError as e:

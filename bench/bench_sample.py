@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
-from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from model import ATTENTION_CLASSES, ATTENTION_VARIANTS, GPT, GPTConfig
 from profiling import ms_by_kernel, print_profile
 from runtime import DTYPES, autocast_context, machine_name, resolve_device_and_dtype, synchronize
 
@@ -53,7 +53,7 @@ def tokens_per_second(model, prompt, args, **generate_args):
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--variants", nargs="+", default=list(ATTENTION_VARIANTS), choices=list(ATTENTION_VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=list(ATTENTION_VARIANTS), choices=list(ATTENTION_CLASSES))
     parser.add_argument("--max_new_tokens", type=int, default=256)
     parser.add_argument("--prompt_tokens", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)

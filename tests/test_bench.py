@@ -194,10 +194,13 @@ class GPT(nn.Module):
 
 def test_bench_model_steps_nanogpt_and_every_variant(tmp_path):
     (tmp_path / "model.py").write_text(NANOGPT_LIKE)
-    args = SimpleNamespace(device="cpu", dtype="float32", compile=False, optimizer=True, vocab_size=64)
+    args = SimpleNamespace(device="cpu", dtype="float32", compile=False, optimizer=True, vocab_size=64,
+                           variants=["standard", "optimized", "efficient", "super", "temperature"])
     shape = dict(n_layer=1, n_head=2, n_embd=16, block_size=8)
     models = bench_model.build_models(shape, args, bench_model.load_nanogpt(tmp_path))
-    assert list(models) == ["nanogpt", "standard", "optimized", "efficient", "super"]
+    assert list(models) == ["nanogpt", "standard", "optimized", "efficient", "super", "temperature"]
+    args.variants = ["efficient"]  # standard, the ratios' base, comes along
+    assert list(bench_model.build_models(shape, args, None)) == ["standard", "efficient"]
     for name, model in models.items():
         before = [p.detach().clone() for p in model.parameters()]
         bench_model.make_step(model, 2, args)()  # forward, backward, clip, AdamW
@@ -211,6 +214,8 @@ def test_bench_model_steps_nanogpt_and_every_variant(tmp_path):
     ("bench_model.py", ["--batch_sizes=12,abc"], "--batch_sizes=12,abc: give comma-separated whole numbers"),
     ("bench_model.py", ["--batch_sizes=0"], "--batch_sizes, --repeats and --vocab_size must be at least 1"),
     ("bench_model.py", ["--warmup=-1"], "--warmup at least 0"),
+    ("bench_prepare.py", ["--repeats=0"], "--megabytes must be positive, and --num_proc and --repeats at least 1"),
+    ("bench_prepare.py", ["--num_proc", "0"], "--megabytes must be positive, and --num_proc and --repeats at least 1"),
 ])
 def test_bench_arguments_out_of_range_are_one_error_line(script, args, message):
     result = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], capture_output=True, text=True,
@@ -431,7 +436,8 @@ def test_bench_model_reports_the_median_of_the_timed_steps_after_the_warmup(monk
 def test_bench_model_rows_turn_a_step_time_into_ms_tokens_per_s_and_mfu(tmp_path, monkeypatch):
     (tmp_path / "model.py").write_text(NANOGPT_LIKE)
     monkeypatch.setattr(bench_model, "time_round_robin", lambda steps, args: {name: 0.25 for name in steps})
-    args = SimpleNamespace(device="cpu", dtype="float32", compile=False, optimizer=False, vocab_size=64, profile=False)
+    args = SimpleNamespace(device="cpu", dtype="float32", compile=False, optimizer=False, vocab_size=64, profile=False,
+                           variants=list(ATTENTION_VARIANTS))
     shape = dict(n_layer=1, n_head=2, n_embd=16, block_size=8)
     rows, profiles = bench_model.bench(shape, 3, args, bench_model.load_nanogpt(tmp_path), peak=1e9)
     assert profiles is None and [r["name"] for r in rows] == ["nanogpt", *ATTENTION_VARIANTS]

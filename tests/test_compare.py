@@ -222,6 +222,9 @@ def test_iteration_matched_runs_decay_over_their_own_iterations(tiny_run):
         assert run.schedule == {"max_iters": 5, "lr_decay_iters": 5, "warmup_iters": 4, "eval_interval": 5}
         c = configurator.resolve_config(configurator.get_config(run.train_args))
         assert (c["max_iters"], c["lr_decay_iters"], c["warmup_iters"]) == (5, 5, 4)  # what train.py is given
+    # an --lr_decay_iters that the config's warmup_iters would refuse is replaced all the same, not refused
+    runs, _ = plan(config, out_dir, "--variants=standard", "--max_iters=5", "--lr_decay_iters=5", "--warmup_iters=20")
+    assert runs[0].schedule["lr_decay_iters"] == 5 and runs[0].schedule["warmup_iters"] == 4
 
 
 def test_a_budget_stopped_run_ends_on_its_schedules_final_learning_rate(tiny_run):
@@ -347,6 +350,11 @@ def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
     (["--match=flops", "--budget_flops=0"], "must be a positive number"),
     (["--init_from=resume"], "sets attention, seed, out_dir and init_from itself"),
     (["--learning_rates=1e-3", "--learning_rate=1e-2"], "each run's learning_rate and min_lr are set from the list"),
+    (["--seed=3"], "(--variants, --seeds=N for seeds 0..N-1, --out_dir)"),
+    (["--hellaswag_limit=5"], "--hellaswag_limit limits the examples of --hellaswag_file: give the file too"),
+    (["--matchs=flops"], "--matchs=flops: did you mean compare.py's --match?"),  # not train.py's batch_size
+    (["--size=2x2x64"], "--size=2x2x64: did you mean compare.py's --sizes?"),
+    (["--learning_rate=1e-3,2e-3"], "--learning_rate=1e-3,2e-3: did you mean compare.py's --learning_rates?"),
 ])
 def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, message, capsys):
     config, out_dir = tiny_run
@@ -354,6 +362,43 @@ def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, messag
         compare.main([str(config), f"--out_dir={out_dir}", *argv])
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not out_dir.exists()
+
+
+def test_a_variant_the_config_does_not_fit_is_one_error_line(tiny_run, capsys):
+    """Grouped-query keys (n_kv_head < n_head) need standard's W^K and W^V: the plan says so for the others."""
+    config, out_dir = tiny_run
+    assert compare.main([str(config), f"--out_dir={out_dir}", "--variants=standard,efficient", "--n_kv_head=1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: attention='efficient': n_kv_head=1 != n_head=2 needs learned W^K and W^V")
+    assert err.count("\n") == 1 and not out_dir.exists()
+
+
+def test_a_comparison_of_other_runs_never_replaces_the_results_of_another(tiny_run, capsys):
+    """Into an out_dir whose results.md tabulates runs the new plan lacks, nothing trains and nothing is
+    replaced; a comparison extended by a variant replaces them, as a superset."""
+    config, out_dir = tiny_run
+    first = [str(config), f"--out_dir={out_dir}", "--variants=standard,efficient", "--max_iters=2"]
+    assert compare.main(first) == 0
+    before = (out_dir / "results.md").read_text()
+    assert compare.main([str(config), f"--out_dir={out_dir}", "--variants=standard,super", "--max_iters=2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out_dir} holds the results of another comparison (python compare.py ")
+    assert f"1 of whose runs this one does not plan (e.g. {out_dir / 'efficient-seed0'})" in err
+    assert (out_dir / "results.md").read_text() == before and not (out_dir / "super-seed0").exists()
+    assert compare.main(first[:2] + ["--variants=standard,efficient,super", "--max_iters=2"]) == 0
+    assert "| super |" in (out_dir / "results.md").read_text()
+
+
+def test_a_ctrl_c_while_planning_is_one_line(tiny_run, monkeypatch, capsys):
+    config, out_dir = tiny_run
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "plan_sweep", interrupted)
+    assert compare.main([str(config), f"--out_dir={out_dir}"]) == 130
+    assert capsys.readouterr().err == ("stopped by Ctrl-C before the next run started; rerun the same command to "
+                                       "continue (finished runs are skipped)\n")
 
 
 def test_an_out_dir_under_a_file_is_refused_before_the_plan(tiny_run, capsys):

@@ -575,6 +575,8 @@ def test_an_output_that_is_not_an_earlier_results_file_is_never_overwritten(tmp_
         assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_copy), "--output", str(results),
                         "--no_progress", "--limit", limit]) == 0
     assert json.loads(results.read_text())["n"] == 2
+    assert (f"note: {results} holds an earlier evaluation's results (1 examples of {hellaswag_copy}), which this "
+            f"one's will replace") in capsys.readouterr().err
 
 
 def test_a_failed_write_keeps_the_printed_results(tmp_path, hellaswag_file, capsys, monkeypatch):

@@ -284,20 +284,23 @@ def test_an_out_dir_under_a_file_is_refused_before_loading(tmp_path, no_tokenizi
 
 
 @needs_bpe
-def test_a_failed_write_is_an_error_line_that_keeps_the_old_files(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", ["disk full", "Ctrl-C"])
+def test_a_failed_write_is_an_error_line_that_keeps_the_old_files(failure, tmp_path, monkeypatch):
     source = write_jsonl(tmp_path / "c.jsonl", [{"text": doc} for doc in make_documents(10)])
     out_dir = tmp_path / "out"
     prepare(str(source), out_dir, val_fraction=0.2)
     old = {name: (out_dir / name).read_bytes() for name in ("meta.json", "train.bin", "val.bin")}
 
-    def disk_full(*args):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def fail(*args):
+        raise OSError(errno.ENOSPC, "No space left on device") if failure == "disk full" else KeyboardInterrupt
 
-    monkeypatch.setattr(prepare_openwebtext.TokenFile, "append", disk_full)
+    monkeypatch.setattr(prepare_openwebtext.TokenFile, "append", fail)
     with pytest.raises(SystemExit) as exited:
         prepare_openwebtext.main(["--dataset", str(source), "--out_dir", str(out_dir), "--val_fraction", "0.2",
                                   "--num_proc", "1"])
-    assert exited.value.code == f"error: cannot write the dataset to {out_dir}: No space left on device"
+    assert exited.value.code == (f"error: cannot write the dataset to {out_dir}: No space left on device"
+                                 if failure == "disk full" else
+                                 f"stopped by Ctrl-C; {out_dir} holds the dataset it held before, if any")
     assert {name: (out_dir / name).read_bytes() for name in sorted(os.listdir(out_dir))} == old  # usable as it was
 
 
@@ -327,13 +330,25 @@ def test_a_missing_path_is_reported_before_the_tokenizer_is_loaded(tmp_path, no_
         prepare(str(tmp_path / "missing.jsonl"), tmp_path / "out")
 
 
-def test_a_mistyped_relative_file_name_is_not_looked_up_on_the_hub(tmp_path, no_tokenizing, monkeypatch):
+@pytest.mark.parametrize("name", ["corpus.jsonl", "my_corpus/"])  # a folder written with its trailing slash
+def test_a_mistyped_relative_file_name_is_not_looked_up_on_the_hub(name, tmp_path, no_tokenizing, monkeypatch):
     def load_dataset(*args, **kwargs):
-        raise AssertionError("corpus.jsonl names a local file, not a hub dataset")
+        raise AssertionError(f"{name} names a local file or folder, not a hub dataset")
     monkeypatch.setattr(prepare_openwebtext, "load_dataset", load_dataset)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(PrepareError, match="corpus.jsonl: no such file or folder"):
-        prepare("corpus.jsonl", tmp_path / "out")
+    with pytest.raises(PrepareError, match=f"^{name}: no such file or folder$"):
+        prepare(name, tmp_path / "out")
+
+
+@needs_bpe
+def test_a_dataset_of_another_source_is_replaced_saying_so(tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    for name, said in (("a.jsonl", ""), ("a.jsonl", ""), ("b.jsonl", f"replaced the dataset in {out_dir}, which was "
+                                                                      f"made from {tmp_path / 'a.jsonl'}\n")):
+        source = write_jsonl(tmp_path / name, [{"text": doc} for doc in make_documents(10)])
+        prepare_openwebtext.main(["--dataset", str(source), "--out_dir", str(out_dir), "--val_fraction", "0.2",
+                                  "--num_proc", "1"])
+        assert capsys.readouterr().out.startswith(f"{said}wrote {out_dir}: ")
 
 
 def test_cli_reports_an_unavailable_tokenizer_without_a_traceback(tmp_path, no_bpe):
