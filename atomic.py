@@ -29,12 +29,19 @@ def atomic_path(path):
 
 def sync_folder(folder):
     """Flush a folder's entries to disk: a rename is durable only then, so that after a power cut the
-    new file is under its name (fsyncing the file itself keeps only its contents). POSIX only."""
+    new file is under its name (fsyncing the file itself keeps only its contents). Best effort: where a
+    folder cannot be opened or fsynced (some network and WSL mounts, a folder without read permission),
+    the rename is done all the same, and an error would only misreport it. POSIX only."""
     if os.name != "posix":
         return
-    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
     try:
         os.fsync(fd)
+    except OSError:
+        pass
     finally:
         os.close(fd)
 

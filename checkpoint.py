@@ -105,13 +105,16 @@ def load_resume_checkpoint(out_dir, model_args, sharded=False):
     """The checkpoint to resume from, after checking that it trains the model requested (its
     model_args are the ones to build); its "source" is the file or folder it was read from.
     sharded (an FSDP run): the training state of the sharded checkpoint, whose shards build_run loads."""
-    if sharded:
-        import distributed  # which imports this module
+    import distributed  # which imports this module
 
+    if sharded:
         checkpoint = distributed.load_train_state(out_dir)
         checkpoint["source"] = checkpoint["sharded_dir"]
     else:
         if not (out_dir / CHECKPOINT_NAME).is_file():
+            if distributed.newest_shards(out_dir) is not None:  # an FSDP run killed before its ckpt.pt
+                raise CheckpointError(f"no {CHECKPOINT_NAME} in {out_dir}, but an FSDP run's sharded checkpoint: "
+                                      f"resume it with parallelism='fsdp' under torchrun")
             raise CheckpointError(f"no checkpoint at {out_dir / CHECKPOINT_NAME}: init_from='resume' continues the "
                                   f"run whose out_dir this is; start it first (init_from='scratch'), or set out_dir "
                                   f"to that run's folder")

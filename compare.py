@@ -137,13 +137,15 @@ def check_args(parser, args, train_overrides):
 
 
 def check_not_a_misspelled_option(parser, key, value):
-    """--key=value that is not compare.py's own goes to train.py; a key train.py does not know either, or
-    a list given to one of train.py's single values, is most likely one of compare.py's options mistyped."""
+    """--key=value that is not compare.py's own goes to train.py. A key train.py does not know either,
+    closer to one of compare.py's options than to any config key, is that option mistyped; and a list
+    of learning rates is --learning_rates's. Other unknown keys get train.py's own suggestion."""
     ours = [option[2:] for option in parser._option_string_actions if option.startswith("--")]
-    plural = f"{key}s" if f"{key}s" in ours and "," in value else None
-    if key not in DEFAULT_CONFIG or plural:
-        close = [plural] if plural else difflib.get_close_matches(key, ours, n=1)
-        if close:
+    if key == "learning_rate" and "," in value:
+        parser.error(f"--{key}={value}: did you mean compare.py's --learning_rates?")
+    if key not in DEFAULT_CONFIG:
+        close = difflib.get_close_matches(key, ours + list(DEFAULT_CONFIG), n=1)
+        if close and close[0] in ours:
             parser.error(f"--{key}={value}: did you mean compare.py's --{close[0]}?")
 
 
@@ -250,14 +252,14 @@ def hellaswag_scores(run_dir, args):
     return scores
 
 
-def check_earlier_results(out_dir, plan):
+def check_earlier_results(out_dir, run_dirs):
     """results.md and results.json are replaced by a comparison that holds every run they tabulate (the
     same one rerun, or one extended by seeds, variants or sizes), never by one of other runs."""
     try:
         earlier = json.loads((out_dir / "results.json").read_text())
     except (OSError, ValueError):
         return
-    planned = {str(run.run_dir) for run in plan}
+    planned = {str(run_dir) for run_dir in run_dirs}
     dropped = [run["run_dir"] for run in earlier.get("plan", []) if run.get("run_dir") not in planned]
     if dropped:
         raise sweep.SweepError(f"{out_dir} holds the results of another comparison ({earlier.get('command', '?')}), "
@@ -300,8 +302,8 @@ def main(argv=None):
     try:
         if args.hellaswag_file:
             check_hellaswag_file(args, train_overrides)
+        check_earlier_results(out_dir, sweep.planned_run_dirs(args, out_dir))  # before a probe replaces anything
         plan, budgets = sweep.plan_sweep(args, train_overrides, out_dir)
-        check_earlier_results(out_dir, plan)
         print(describe_plan(args, plan, budgets), flush=True)
         summaries = sweep.run_sweep(plan, args.launcher)
     except KeyboardInterrupt:  # while planning: the runs themselves stop through SweepInterrupted

@@ -182,11 +182,12 @@ def prepare_from_args(args):
         source = f"python{sys.version_info.major}.{sys.version_info.minor} stdlib .py sources"
     out_dir = args.out_dir or DEFAULT_OUT[args.corpus]
     replaced = dataset_source(out_dir)
-    if replaced not in (None, source):  # --input's default out_dir is Tiny Shakespeare's
-        print(f"replacing the dataset in {out_dir}, which was made from {replaced}")
     if args.corpus == "shakespeare" and not args.input:
         write_text_atomic(Path(out_dir) / "input.txt", text)
-    return prepare(text, out_dir, source), out_dir
+    meta = prepare(text, out_dir, source)
+    if replaced not in (None, source):  # --input's default out_dir is Tiny Shakespeare's
+        print(f"replaced the dataset in {out_dir}, which was made from {replaced}")
+    return meta, out_dir
 
 
 if __name__ == "__main__":

@@ -695,8 +695,11 @@ def main(argv=None):
         meta = prepare(**vars(args))
     except (PrepareError, TokenizerUnavailableError) as err:
         sys.exit(f"error: {err}")
-    except KeyboardInterrupt:  # every file is written whole or not at all: the earlier dataset, if any, is intact
-        sys.exit(f"stopped by Ctrl-C; {out_dir} holds the dataset it held before, if any")
+    except KeyboardInterrupt:  # each file is written whole or not at all; meta.json marks a complete dataset
+        kept = (f"{out_dir} holds the dataset it held before" if (Path(out_dir) / META_FILENAME).is_file() else
+                f"{out_dir} holds no complete dataset (no {META_FILENAME}): prepare it again")
+        print(f"stopped by Ctrl-C; {kept}", file=sys.stderr)
+        sys.exit(130)
     if replaced not in (None, meta["source"]):
         print(f"replaced the dataset in {out_dir}, which was made from {replaced}")
     print(f"wrote {out_dir}: {meta['tokens']['train']:,} train tokens ({meta['documents']['train']:,} documents), "

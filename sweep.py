@@ -142,13 +142,14 @@ def data_meta(c):
 
 
 def settings_changed(recorded, settings):
-    """What differs between a record's settings and the plan's, in words ("" when nothing does, or
-    when the record is from before settings were kept)."""
-    if not recorded.get("settings") or settings is None:
+    """What differs between a record's settings and the plan's, in words: "" when nothing does, or when
+    the record is from before settings were kept. A key one of them lacks (a config key added to
+    train.py since) is no difference."""
+    if not recorded or settings is None:
         return ""
-    then, now = recorded["settings"]["config"], settings["config"]
-    changed = [f"{key}={then.get(key)!r} then, {now.get(key)!r} now" for key in now if then.get(key) != now.get(key)]
-    if recorded["settings"]["data"] != settings["data"]:
+    then, now = recorded["config"], settings["config"]
+    changed = [f"{key}={then[key]!r} then, {now[key]!r} now" for key in now if key in then and then[key] != now[key]]
+    if recorded["data"] != settings["data"]:
         changed.append("the data's meta.json")
     return ", ".join(changed)
 
@@ -202,7 +203,8 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
     probed = planned_settings(resolved_config(config_file, train_args[1:]))
     record, summary = read_json(probe_dir / RECORD_NAME), read_json(probe_dir / SUMMARY_NAME)
     if not (record and record["launcher"] == launcher and same_plan(record["train_args"], train_args)
-            and record.get("settings") == probed and completed(summary, probe_iters)):
+            and record.get("settings") and not settings_changed(record["settings"], probed)
+            and completed(summary, probe_iters)):
         shutil.rmtree(probe_dir, ignore_errors=True)
         probe_dir.mkdir(parents=True)
         with SignalForwarder() as forwarder, open(probe_dir / "probe.log", "w") as log:
@@ -242,6 +244,16 @@ def run_name(variant, learning_rate, seed):
     return f"{variant}-seed{seed}" if learning_rate is None else f"{variant}-lr{learning_rate:g}-seed{seed}"
 
 
+def run_folder(out_dir, shape, variant, learning_rate, seed):
+    return (out_dir / size_label(shape) if shape else out_dir) / run_name(variant, learning_rate, seed)
+
+
+def planned_run_dirs(args, out_dir):
+    """The folders of every run the sweep plans, known before anything is probed or resolved."""
+    return [run_folder(out_dir, shape, variant, lr, seed) for shape in args.sizes or [None] for variant in args.variants
+            for lr in args.learning_rates or [None] for seed in range(args.seeds)]
+
+
 def variant_costs(args, overrides, c, label, out_dir):
     """{variant: (training FLOPs per token, what one iteration spends of the budget)} at one size, for
     the sweep's variants and its reference; with --match=time each one's step is timed first."""
@@ -279,7 +291,7 @@ def plan_size(args, overrides, shape, out_dir):
                       else iterations_for_budget(budget, costs[variant][1], f"{variant} at {label}"))
         schedule = scaled_schedule(c, iterations)
         for lr, seed in ((lr, seed) for lr in args.learning_rates or [None] for seed in range(args.seeds)):
-            run_dir = (out_dir / label if shape else out_dir) / run_name(variant, lr, seed)
+            run_dir = run_folder(out_dir, shape, variant, lr, seed)
             settings = dict(attention=variant, seed=seed, out_dir=str(run_dir), **schedule,
                             **learning_rate_settings(c, lr))
             train_args = [args.config, *overrides, *shape_args, *(format_override(k, v) for k, v in settings.items())]
@@ -381,10 +393,11 @@ def run_status(run):
     if not same_plan(record["train_args"], run.train_args):
         raise SweepError(f"{run.run_dir} holds a run planned with other settings (its {RECORD_NAME} differs): "
                          f"rerun the command that made it, or choose another --out_dir")
-    changed = settings_changed(record, run.settings)
+    changed = settings_changed(record.get("settings"), run.settings)
     if changed:
-        raise SweepError(f"{run.run_dir} holds a run of the same arguments, but the config file or the data changed "
-                         f"since it was planned ({changed}): restore them, or choose another --out_dir")
+        raise SweepError(f"{run.run_dir} holds a run of the same arguments, but what they resolve to changed since it "
+                         f"was planned (the config file, train.py's defaults or the data: {changed}): restore it, or "
+                         f"choose another --out_dir")
     if finished(run, read_json(run.run_dir / SUMMARY_NAME)):
         return "done"
     return "resume" if (run.run_dir / CHECKPOINT_NAME).exists() else "new"

@@ -360,9 +360,10 @@ def open_logs(run):
     if c["wandb_log"] and run.master:
         import wandb
 
-        # the id is the run's own, kept across resumes, so that a resume goes on in the same wandb run
-        wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c), id=run.run_id,
-                               resume="allow")
+        # the id is the run's own, kept across resumes, so that a resume goes on in the same wandb run (an
+        # evaluation alone gets a wandb run of its own, as it leaves the training run's records be)
+        wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
+                               id=None if c["eval_only"] else run.run_id, resume=None if c["eval_only"] else "allow")
     if resuming and run.master and not c["eval_only"] and not run.keeps_earlier_run:
         dropped = trim_log(run.out_dir / "log.jsonl", run.start_iter)
         if dropped:

@@ -1,6 +1,7 @@
 """checkpoint.py and atomic.py: what may be written (finite tensors only, with the umask's permissions),
 what a file that is not one of our checkpoints is called when it is read, the out_dir lock, and files
 written whole: on disk before they replace the old one, and a killed writer's leftovers removed."""
+import errno
 import os
 import stat
 import subprocess
@@ -136,6 +137,20 @@ def test_an_atomic_file_reaches_the_disk_before_it_replaces_the_old_one(tmp_path
     write_text_atomic(tmp_path / "summary.json", "{}")
     expected = ["fsync file", "replace", "fsync folder"] if os.name == "posix" else ["fsync file", "replace"]
     assert calls == expected and (tmp_path / "summary.json").read_text() == "{}"
+
+
+def test_a_folder_that_cannot_be_fsynced_still_takes_the_file(tmp_path, monkeypatch):
+    """Some mounts refuse fsync on a folder (EINVAL): the rename is done, and the write is not an error."""
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    write_text_atomic(tmp_path / "summary.json", "{}")
+    assert (tmp_path / "summary.json").read_text() == "{}"
 
 
 def test_a_writer_killed_mid_write_leaves_a_file_the_next_writer_removes(tmp_path):

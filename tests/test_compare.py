@@ -364,6 +364,12 @@ def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, messag
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not out_dir.exists()
 
 
+def test_a_mistyped_train_py_key_gets_train_pys_suggestion(tiny_run, capsys):
+    config, out_dir = tiny_run
+    assert compare.main([str(config), f"--out_dir={out_dir}", "--eval_iter=2"]) == 1  # not --probe_iters
+    assert "unknown config key 'eval_iter' in '--eval_iter=2'; did you mean 'eval_iters'?" in capsys.readouterr().err
+
+
 def test_a_variant_the_config_does_not_fit_is_one_error_line(tiny_run, capsys):
     """Grouped-query keys (n_kv_head < n_head) need standard's W^K and W^V: the plan says so for the others."""
     config, out_dir = tiny_run
@@ -373,14 +379,16 @@ def test_a_variant_the_config_does_not_fit_is_one_error_line(tiny_run, capsys):
     assert err.count("\n") == 1 and not out_dir.exists()
 
 
-def test_a_comparison_of_other_runs_never_replaces_the_results_of_another(tiny_run, capsys):
+def test_a_comparison_of_other_runs_never_replaces_the_results_of_another(tiny_run, capsys, monkeypatch):
     """Into an out_dir whose results.md tabulates runs the new plan lacks, nothing trains and nothing is
-    replaced; a comparison extended by a variant replaces them, as a superset."""
+    replaced, not even a timing probe (refused before the plan); one extended by a variant replaces them."""
     config, out_dir = tiny_run
     first = [str(config), f"--out_dir={out_dir}", "--variants=standard,efficient", "--max_iters=2"]
     assert compare.main(first) == 0
     before = (out_dir / "results.md").read_text()
-    assert compare.main([str(config), f"--out_dir={out_dir}", "--variants=standard,super", "--max_iters=2"]) == 1
+    with monkeypatch.context() as patched:
+        patched.setattr(sweep, "plan_sweep", lambda *args: pytest.fail("planned (and probed) before the refusal"))
+        assert compare.main([str(config), f"--out_dir={out_dir}", "--variants=standard,super", "--max_iters=2"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {out_dir} holds the results of another comparison (python compare.py ")
     assert f"1 of whose runs this one does not plan (e.g. {out_dir / 'efficient-seed0'})" in err
@@ -887,15 +895,22 @@ def test_a_rerun_after_the_config_file_or_the_data_changed_is_refused(tiny_run, 
     original = config.read_text()
     config.write_text(original + "learning_rate = 3e-2\n")
     assert compare.main(argv) == 1
-    assert (f"{out_dir / 'efficient-seed0'} holds a run of the same arguments, but the config file or the data "
-            f"changed since it was planned (learning_rate=0.01 then, 0.03 now): restore them") in capsys.readouterr().err
+    assert (f"{out_dir / 'efficient-seed0'} holds a run of the same arguments, but what they resolve to changed "
+            f"since it was planned (the config file, train.py's defaults or the data: learning_rate=0.01 then, 0.03 "
+            f"now): restore it") in capsys.readouterr().err
     config.write_text(original)
     meta_path = config.parent / "data" / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({**meta, "source": "another text"}))
     assert compare.main(argv) == 1
-    assert "changed since it was planned (the data's meta.json)" in capsys.readouterr().err
+    assert "changed since it was planned (the config file, train.py's defaults or the data: the data's meta.json)" \
+        in capsys.readouterr().err
     meta_path.write_text(json.dumps(meta))
+    assert compare.main(argv) == 0 and "finished already, skipped" in capsys.readouterr().out
+    record_path = out_dir / "efficient-seed0" / sweep.RECORD_NAME  # as a record kept before train.py had a key
+    record = json.loads(record_path.read_text())
+    del record["settings"]["config"]["hellaswag_limit"]
+    record_path.write_text(json.dumps(record))
     assert compare.main(argv) == 0 and "finished already, skipped" in capsys.readouterr().out
 
 

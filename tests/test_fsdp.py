@@ -4,6 +4,7 @@ trains, resume exactly from the sharded checkpoint, and export a ckpt.pt that sa
 Each torchrun launch costs a few seconds of start-up, so the runs are few and shared: one 2-process
 FSDP run (module fixture) serves the equality, export and sampling tests."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -112,6 +113,12 @@ def test_fsdp_resume_is_exact(tmp_path, data_dir):
 def test_fsdp_export_is_not_a_ddp_resume_point(fsdp_run, tmp_path, data_dir):
     with pytest.raises(T.CheckpointError, match="parallelism='fsdp'"):
         T.load_resume_checkpoint(fsdp_run, load_checkpoint(fsdp_run)["model_args"])
+    shards_alone = tmp_path / "out"  # an FSDP run killed between its shards and its ckpt.pt
+    shutil.copytree(fsdp_run, shards_alone)
+    (shards_alone / "ckpt.pt").unlink()
+    with pytest.raises(T.CheckpointError, match=f"no ckpt.pt in {shards_alone}, but an FSDP run's sharded checkpoint: "
+                                                f"resume it with parallelism='fsdp' under torchrun"):
+        T.load_resume_checkpoint(shards_alone, load_checkpoint(fsdp_run)["model_args"])
 
 
 def test_a_ddp_checkpoint_is_not_an_fsdp_resume_point(tmp_path, data_dir):

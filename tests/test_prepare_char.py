@@ -173,7 +173,7 @@ def test_a_dataset_made_from_another_source_is_replaced_saying_so(tmp_path, caps
     first, second = tmp_path / "first.txt", tmp_path / "second.txt"
     first.write_text("the first text\n" * 20)
     second.write_text("the second text\n" * 20)
-    for src, said in ((first, ""), (first, ""), (second, "replacing the dataset in out, which was made from file:first.txt\n")):
+    for src, said in ((first, ""), (first, ""), (second, "replaced the dataset in out, which was made from file:first.txt\n")):
         assert P.main([f"--input={src}", "--out_dir=out"]) == 0
         assert capsys.readouterr().out.startswith(f"{said}file:{src.name}: {len(src.read_text())} characters")
 

@@ -773,7 +773,8 @@ def test_a_resume_goes_on_in_the_same_wandb_run(tmp_path, data_dir, monkeypatch)
     first = T.train(c, verbose=False)
     resumed = T.train({**c, "init_from": "resume", "max_iters": 8}, verbose=False)
     assert first["run_id"] == resumed["run_id"]
-    assert [(i["id"], i["resume"]) for i in inits] == [(first["run_id"], "allow")] * 2
+    T.train({**c, "init_from": "resume", "max_iters": 8, "eval_only": True}, verbose=False)  # a wandb run of its own
+    assert [(i["id"], i["resume"]) for i in inits] == [(first["run_id"], "allow")] * 2 + [(None, None)]
 
 
 @pytest.mark.parametrize("entry", ["model", "optimizer"])
