@@ -312,8 +312,14 @@ def _check_model(c):
 def check_pretrained_shape(c, pretrained):
     """init_from='gpt2*' takes the model's shape from the weights (GPTConfig `pretrained`): a model key the
     config sets to something else would be silently ignored, so it is an error."""
+    implied = {"n_kv_head": pretrained.n_head, "intermediate_size": 4 * pretrained.n_embd}  # what their 0 means
+
+    def same(key):
+        ours, theirs = c[key], getattr(pretrained, key)
+        return (ours or implied[key]) == (theirs or implied[key]) if key in implied else ours == theirs
+
     ignored = [k for k in MODEL_ARG_KEYS if k not in ("attention", "block_size", "dropout", "vocab_size")
-               and c[k] != DEFAULT_CONFIG[k] and c[k] != getattr(pretrained, k)]
+               and c[k] != DEFAULT_CONFIG[k] and not same(k)]
     if ignored:
         raise ConfigError(f"init_from={c['init_from']!r} takes the model's shape from its weights, which have "
                           f"{', '.join(f'{k}={getattr(pretrained, k)!r}' for k in ignored)}, not "

@@ -516,6 +516,8 @@ def test_model_keys_gpt2_weights_would_ignore_are_refused(tmp_path, small_gpt2):
     assert str(err.value).startswith("init_from='gpt2' takes the model's shape from its weights, which have "
                                      "n_embd=32, pos='learned', not n_embd=64, pos='rope': drop those keys")
     assert not list((tmp_path / "out").glob("*.pt"))
+    # the same model said otherwise is no conflict: 2 key/value heads of 2, GELU's 4 * n_embd hidden width
+    T.train({**cfg, "n_embd": 32, "pos": "learned", "n_kv_head": 2, "intermediate_size": 128}, verbose=False)
 
 
 def test_device_cuda_without_a_gpu_is_one_error_line(tmp_path, data_dir, capsys):
