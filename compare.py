@@ -48,8 +48,8 @@ import frontier
 import sweep
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, CheckpointError
-from data import config_data_dir
 from configurator import DEFAULT_CONFIG
+from data import config_data_dir
 from eval_hellaswag import HellaSwagError, check_encodable, evaluate_checkpoint, load_examples
 from model import ATTENTION_CLASSES, ATTENTION_VARIANTS
 from runtime import sigterm_as_ctrl_c
