@@ -15,13 +15,14 @@ import ast
 import difflib
 import importlib.util
 import math
+import re
 import traceback
 from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple
 
 from model import (ATTENTION_VARIANTS, GPT2_CONTEXT, MLPS, NORMS, POSITIONS, PRETRAINED_GPT2, GPTConfig,
-                   check_pretrained_attention)
+                   check_pretrained_attention, published_gpt2_config)
 from runtime import DTYPES, resolve_device_and_dtype
 
 
@@ -221,16 +222,31 @@ def _line_of(error, path):
     return f", line {lines[-1]}" if lines else ""
 
 
-def get_config(argv, defaults=DEFAULT_CONFIG):
-    """The effective config: defaults, then config files, then --key=value overrides, in order."""
+def get_config(argv, defaults=DEFAULT_CONFIG, set_by=None):
+    """The effective config: defaults, then config files, then --key=value overrides, in order.
+    set_by, a dict if given, receives each key's last setter: the config file's path or the override."""
     config = dict(defaults)
     for arg in argv:
         if arg.startswith("--"):
             key, value = parse_override(arg, defaults)
-            config[key] = value
+            settings = {key: value}
         else:
-            config.update(read_config_file(arg, defaults, config))
+            settings = read_config_file(arg, defaults, config)
+        config.update(settings)
+        if set_by is not None:
+            set_by.update(dict.fromkeys(settings, arg))
     return config
+
+
+def naming_config_files(error, set_by):
+    """error's message, plus the config file that set each key it names: a check of the resolved
+    config (attention='efficent') cannot tell by itself that the value came from a file."""
+    files = {}
+    for key, arg in set_by.items():
+        if not arg.startswith("--") and arg not in str(error) and re.search(rf"(?<!\w)'?{key}'?=", str(error)):
+            files.setdefault(arg, []).append(key)
+    where = "; ".join(f"{', '.join(keys)} set in {path}" for path, keys in files.items())
+    return f"{error} ({where})" if where else str(error)
 
 
 def resolve_config(config):
@@ -297,7 +313,7 @@ def resolve_config(config):
 
 def _check_model(c):
     """The model owns these checks: GPTConfig's of the model keys (vocab_size comes from the data
-    later, so a stand-in here), and which attention OpenAI's weights exist for."""
+    later, so a stand-in here), and which attention and shape OpenAI's weights have."""
     try:
         GPTConfig(**{k: c[k] for k in MODEL_ARG_KEYS if k != "vocab_size"})
         if c["init_from"] in PRETRAINED_GPT2:
@@ -305,6 +321,7 @@ def _check_model(c):
             if c["block_size"] > GPT2_CONTEXT:
                 raise ValueError(f"block_size={c['block_size']}: OpenAI's GPT-2 weights have a context of "
                                  f"{GPT2_CONTEXT} tokens, so fine-tune them at block_size <= {GPT2_CONTEXT}")
+            check_pretrained_shape(c, published_gpt2_config(c["init_from"]))
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

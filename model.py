@@ -26,12 +26,14 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 import generate
+from tokenizer import GPT2_VOCAB_SIZE
 
 
 @dataclass
@@ -329,7 +331,10 @@ ATTENTION_CLASSES = {
     "super": SuperAttention,
 }
 ATTENTION_VARIANTS = ("standard", "optimized", "efficient", "super")  # the paper's four
-PRETRAINED_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # 124M, 350M, 774M, 1558M
+# OpenAI's four GPT-2 sizes (124M, 350M, 774M, 1558M) as (n_layer, n_head, n_embd), as their hub configs say
+GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
+               "gpt2-xl": (48, 25, 1600)}
+PRETRAINED_GPT2 = tuple(GPT2_SHAPES)
 GPT2_CONTEXT = 1024  # the block_size of all four
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
@@ -401,6 +406,14 @@ def gpt2_config(hf, model_type, override_args):
     return GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
                      n_embd=hf.n_embd, bias=True, gelu_approximate="tanh", intermediate_size=hf.n_inner or 0,
                      tie_embeddings=getattr(hf, "tie_word_embeddings", True), **override_args)
+
+
+def published_gpt2_config(model_type):
+    """The GPTConfig that from_pretrained(model_type) builds, known before its weights download."""
+    n_layer, n_head, n_embd = GPT2_SHAPES[model_type]
+    hub_config = SimpleNamespace(n_positions=GPT2_CONTEXT, vocab_size=GPT2_VOCAB_SIZE, n_layer=n_layer,
+                                 n_head=n_head, n_embd=n_embd, n_inner=None)
+    return gpt2_config(hub_config, model_type, {})
 
 
 class PretrainedUnavailableError(RuntimeError):

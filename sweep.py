@@ -26,7 +26,8 @@ import torch
 
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
-from configurator import MODEL_ARG_KEYS, ConfigError, format_override, get_config, parse_override, resolve_config
+from configurator import (MODEL_ARG_KEYS, ConfigError, format_override, get_config, naming_config_files,
+                          parse_override, resolve_config)
 from data import choose_vocab_size, config_data_dir
 from distributed import SHARDED_NAME
 from model import GPT, GPTConfig
@@ -117,13 +118,14 @@ def resolved_config(config_file, overrides, schedule_checked_per_run=False):
     """train.py's own config for these arguments; its ConfigError becomes a SweepError.
     schedule_checked_per_run: the config the budgets come from, whose lr_decay_iters no run keeps
     (scaled_schedule gives each its own, checked with the run), so not checked against warmup_iters."""
+    set_by = {}
     try:
-        c = get_config([config_file, *overrides])
+        c = get_config([config_file, *overrides], set_by=set_by)
         if schedule_checked_per_run:
             c["lr_decay_iters"] = max(c["lr_decay_iters"], c["warmup_iters"] + 1)
         return resolve_config(c)
     except ConfigError as e:
-        raise SweepError(str(e)) from None
+        raise SweepError(naming_config_files(e, set_by)) from None
 
 
 def planned_settings(c):

@@ -28,6 +28,7 @@ the resume point is the folder ckpt_sharded/ (every rank writes its shards; dist
 """
 
 import math
+import os
 import sys
 import time
 import uuid
@@ -40,8 +41,8 @@ import torch.distributed as dist
 import distributed
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, first_non_finite, load_checkpoint,
                         load_resume_checkpoint, load_weights, resume_hint, save_checkpoint)
-from configurator import (DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, check_pretrained_shape, get_config, help_text,
-                          resolve_config)
+from configurator import (DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text,
+                          naming_config_files, resolve_config)
 from data import Batches, DataError, check_data, check_same_tokens, choose_vocab_size, config_data_dir
 from launcher import LaunchError, launch, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
@@ -285,7 +286,6 @@ def build_model(run, checkpoint):
     torch.manual_seed(c["seed"])
     if c["init_from"] in PRETRAINED_GPT2:
         model = GPT.from_pretrained(c["init_from"], dict(dropout=c["dropout"], attention=c["attention"]))
-        check_pretrained_shape(c, model.config)
         if c["block_size"] < model.config.block_size:
             model.crop_block_size(c["block_size"])
         run.model_args = {k: getattr(model.config, k) for k in MODEL_ARG_KEYS}
@@ -628,20 +628,30 @@ def log_step(run, loss, lr, dt):
                    "tokens_per_s": tokens_per_s, "mfu": mfu, "elapsed_s": run.elapsed()})
 
 
+def print_help():
+    try:
+        print(f"{__doc__.strip()}\n\nconfig keys, their defaults and meanings (choices in brackets):\n{help_text()}",
+              flush=True)
+    except BrokenPipeError:  # `python train.py --help | head` closed the pipe: it read what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush is quiet too
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        print("config keys, their defaults and meanings (choices in brackets):")
-        print(help_text())
+        print_help()
         return 0
+    set_by = {}
     try:
         launcher = split_launcher_args(argv, DEFAULT_CONFIG)
         if launcher:  # the config read here first: a bad key is one error line, not one per process
             get_config(launcher[1])
             return launch(launcher[0], Path(__file__).resolve(), launcher[1])
-        train(get_config(argv))
-    except (ConfigError, DataError, CheckpointError, PretrainedUnavailableError, NonFiniteLossError, LaunchError) as e:
+        train(get_config(argv, set_by=set_by))
+    except ConfigError as e:
+        print(f"error: {naming_config_files(e, set_by)}", file=sys.stderr, flush=True)
+        return 1
+    except (DataError, CheckpointError, PretrainedUnavailableError, NonFiniteLossError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     except OSError as e:  # the log or summary on a disk that filled up, say: a checkpoint is written whole or not at all

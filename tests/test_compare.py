@@ -516,6 +516,9 @@ def test_a_bad_config_for_one_size_is_one_error_line(tiny_run, capsys):
     assert compare.main([str(config), f"--out_dir={out_dir}", "--sizes=1x1x16", "--dropout=2.0"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "dropout" in err[0] and not out_dir.exists()
+    config.write_text(config.read_text() + "dropout = 2.0\n")
+    assert compare.main([str(config), f"--out_dir={out_dir}"]) == 1
+    assert capsys.readouterr().err.endswith(f"(dropout set in {config})\n") and not out_dir.exists()
 
 
 def test_a_failed_training_run_is_one_error_line(tiny_run, capsys):

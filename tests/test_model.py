@@ -16,7 +16,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from conftest import LLAMA, SHAPES, TINY, VARIANTS, WIDE_HEAD, needs_compiler, random_tokens, tiny_model
 from example_variant import TemperatureAttention
 from generate import KVCache
-from model import GPT, GPTConfig, SuperAttention, attention_by_matmuls, rotary_cos_sin
+from model import (GPT, GPT2_SHAPES, GPTConfig, SuperAttention, attention_by_matmuls, gpt2_config, published_gpt2_config,
+                   rotary_cos_sin)
 
 
 # ----------------------------------------------------------------------------- parameter counts
@@ -662,6 +663,18 @@ def test_from_pretrained_reproduces_a_hugging_face_gpt2(options, tmp_path):
         ours, _ = model(idx, all_logits=True)
         theirs = hf_model(idx).logits
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_the_published_gpt2_config_is_what_its_hub_config_builds():
+    """resolve_config checks a fine-tune's keys against published_gpt2_config before the download: it
+    must be the GPTConfig that from_pretrained builds from the hub's config (transformers' defaults are
+    gpt2's; the others differ in shape alone)."""
+    transformers = pytest.importorskip("transformers", reason="GPT2Config comes from transformers (in requirements.txt)")
+    for name, (n_layer, n_head, n_embd) in GPT2_SHAPES.items():
+        hub_config = transformers.GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+        assert gpt2_config(hub_config, name, {}) == published_gpt2_config(name)
+    with torch.device("meta"):
+        assert GPT(published_gpt2_config("gpt2")).get_num_params(non_embedding=False) == 124_439_808  # GPT-2 small
 
 
 @pytest.mark.slow

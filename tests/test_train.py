@@ -27,7 +27,7 @@ from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_
                         save_checkpoint)
 from conftest import REPO, TEXT, VARIANTS
 from faults import nan_after_step
-from model import GPT
+from model import GPT, GPT2_SHAPES
 from prepare_char import prepare
 from runlog import RunLog
 from test_data import write_char_data
@@ -174,6 +174,21 @@ def test_train_dict_is_checked_too(tmp_path, data_dir):
 def test_main_prints_clear_error(tmp_path, capsys):
     assert T.main(["--max_iters=ten"]) == 1
     assert "max_iters" in capsys.readouterr().err
+
+
+def test_a_bad_value_from_a_config_file_names_the_file(tmp_path, capsys):
+    """The resolved config's checks see values, not where they came from: main names the file that set
+    each key the error names, and not a key the command line set."""
+    config = tmp_path / "mine.py"
+    config.write_text("attention = 'efficent'\nn_embd = 100\nn_head = 3\n")
+    assert T.main([str(config), "--n_embd=96", "--device=cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown attention='efficent'; choose one of standard, optimized, efficient, super")
+    assert err.endswith(f"(attention set in {config})\n")  # n_embd and n_head are not named: n_embd=96 is fine
+    assert T.main([str(config), "--attention=efficient", "--device=cpu"]) == 1
+    assert capsys.readouterr().err.endswith(f"pick n_head among the divisors of n_embd (n_head, n_embd set in {config})\n")
+    assert T.main([str(config), "--attention=efficient", "--n_embd=100", "--n_head=3", "--device=cpu"]) == 1
+    assert capsys.readouterr().err.endswith("pick n_head among the divisors of n_embd\n")  # both set on the command line
 
 
 def test_every_shipped_config_parses():
@@ -477,7 +492,7 @@ def test_gpt2_weights_out_of_reach_are_one_error_line(tmp_path, monkeypatch, cap
     def offline(cls, name):  # what the hub raises with no network and no cached copy
         raise OSError(f"We couldn't connect to 'https://huggingface.co' to load the files of {name}")
     monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", classmethod(offline))
-    cfg = tiny(tmp_path, gpt2_data(tmp_path), init_from="gpt2")
+    cfg = tiny(tmp_path, gpt2_data(tmp_path), init_from="gpt2") | {"n_layer": 12, "n_head": 12, "n_embd": 768}
     assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: could not load 'gpt2' weights: they download from the Hugging Face hub")
@@ -491,6 +506,7 @@ def small_gpt2(monkeypatch):
     torch.manual_seed(0)
     hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=32, n_layer=2, n_head=2))
     monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", classmethod(lambda cls, name: hf_model))
+    monkeypatch.setitem(GPT2_SHAPES, "gpt2", (2, 2, 32))  # the shape the config is checked against
 
 
 def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, small_gpt2):
@@ -520,6 +536,12 @@ def test_model_keys_gpt2_weights_would_ignore_are_refused(tmp_path, small_gpt2):
     T.train({**cfg, "n_embd": 32, "pos": "learned", "n_kv_head": 2, "intermediate_size": 128}, verbose=False)
 
 
+def test_gpt2_shape_conflicts_are_found_before_the_weights_download():
+    with pytest.raises(T.ConfigError, match=r"which have n_embd=1600, not n_embd=1200: drop those keys"):
+        T.resolve_config({"init_from": "gpt2-xl", "n_embd": 1200, "device": "cpu"})  # no transformers, no hub
+    T.resolve_config({"init_from": "gpt2-medium", "n_layer": 24, "n_head": 16, "n_embd": 1024, "device": "cpu"})
+
+
 def test_device_cuda_without_a_gpu_is_one_error_line(tmp_path, data_dir, capsys):
     assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir, device="cuda").items()]) == 1
     err = capsys.readouterr().err
@@ -535,6 +557,15 @@ def test_help_shows_each_key_with_its_meaning_and_choices(capsys):
         line, meaning = out.split(f"\n  --{key}=", 1)[1].split("\n")[:2]
         assert meaning.strip() and f"[{choices}]" in meaning
     assert "python train.py config/train_shakespeare_char_cpu.py" in out  # the CPU example is a CPU-sized config
+
+
+def test_help_into_a_closed_pipe_is_quiet():
+    """`python train.py --help | head -1`: head may exit before the help is written, which is no error."""
+    child = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--help"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    child.stdout.close()  # before the child has imported torch, so its first write finds no reader
+    assert child.wait(timeout=120) == 0 and child.stderr.read() == b""
+    child.stderr.close()
 
 
 @contextlib.contextmanager
