@@ -7,6 +7,7 @@ A checkpoint is a dict of plain data and tensors:
     model           the model's state_dict (never with torch.compile's "_orig_mod." prefix)
     optimizer       the optimizer's state_dict (training checkpoints only)
     iter_num, best_val_loss, config, rng, meta (the dataset's meta.json, so the tokenizer travels along)
+    totals          the run's wall time, timed steps and peak memory up to this save (runlog.run_totals)
 A checkpoint NanoGPT's train.py wrote loads for sampling and scoring too (its model_args are a subset).
 """
 

@@ -79,9 +79,28 @@ def read_summary(out_dir):
         return None
 
 
+NO_EARLIER_PROCESS = {"wall_time_s": 0.0, "timed_steps": 0, "timed_seconds": 0.0, "peak_memory_bytes": None}
+
+
+def run_totals(run):
+    """The run's wall time, timed steps and peak memory over its processes so far: this one's, plus the
+    earlier ones' up to the checkpoint it resumed from (a killed process's steps past that checkpoint
+    are redone, so they are not the run's). A checkpoint carries these, so that a resume goes on counting."""
+    earlier = run.earlier_processes
+    timed = run.step_times[1:]  # each process's first step pays for its warm-up / compile
+    memory = [m for m in (earlier["peak_memory_bytes"], peak_memory_bytes(run.device)) if m is not None]
+    return {"wall_time_s": run.wall_time(),
+            "timed_steps": earlier["timed_steps"] + len(timed),
+            "timed_seconds": earlier["timed_seconds"] + sum(timed),
+            "peak_memory_bytes": max(memory, default=None)}
+
+
 def write_summary(run):
-    timed = run.step_times[1:] or run.step_times  # the first step pays for warm-up / compile
-    mean_dt = sum(timed) / len(timed) if timed else None
+    totals = run_totals(run)
+    steps, seconds = totals["timed_steps"], totals["timed_seconds"]
+    if not steps:  # a run of one step: its warm-up is all there is
+        steps, seconds = len(run.step_times), sum(run.step_times)
+    mean_dt = seconds / steps if steps else None
     model = run.raw_model.eval()
     summary = {
         "run_id": run.run_id,
@@ -100,8 +119,9 @@ def write_summary(run):
         "mean_ms_per_iter": mean_dt * 1000 if mean_dt else None,
         "tokens_per_s": run.tokens_per_iter / mean_dt if mean_dt else None,
         "tokens_per_iter": run.tokens_per_iter,
-        "peak_memory_bytes": peak_memory_bytes(run.device),
-        "wall_time_s": run.elapsed(),
+        "peak_memory_bytes": totals["peak_memory_bytes"],
+        "wall_time_s": totals["wall_time_s"],
+        "wall_time_this_run_s": totals["wall_time_s"] - run.earlier_processes["wall_time_s"],
         "device": run.device,
         "dtype": run.dtype,
         "world_size": run.world_size,
@@ -115,7 +135,7 @@ def write_summary(run):
         write_text_atomic(run.out_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
     final = summary["final_val_loss"]
     if run.stop_reason != "diverged":  # a diverged run is not done: the error that follows says what happened
-        run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_s']:.1f}s, " +
+        run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_this_run_s']:.1f}s, " +
                 ("no evaluation in this run" if final is None else f"final val loss {round(final, 4)}"))
     if run.log.wandb is not None:
         run.log.wandb.finish()

@@ -423,14 +423,10 @@ def diverged_in_a_learning_rate_sweep(run, summary):
     return run.learning_rate is not None and summary["stop_reason"] == "diverged"
 
 
-SEGMENT_KEYS = ("wall_time_s", "iterations_this_run", "mean_ms_per_iter", "peak_memory_bytes")
-
-
-def record_run(run, segments):
-    """compare_run.json: the arguments the run was planned with, and what each of its train.py
-    processes so far (one, or one per resume) reported of its own segment."""
-    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "settings": run.settings,
-                                                            "segments": segments}))
+def record_run(run):
+    """compare_run.json: the arguments the run was planned with, and what they resolved to. (A resumed
+    run's wall time, speed and memory over all its train.py processes are in its own summary.json.)"""
+    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "settings": run.settings}))
 
 
 def file_version(path):
@@ -442,10 +438,8 @@ def file_version(path):
 def train_once(run, status, launcher, forwarder):
     """Train (or resume) one planned run; returns its summary, which check_finished has found to be that
     of the whole run."""
-    record = read_json(run.run_dir / RECORD_NAME) if status == "resume" else None
-    segments = record.get("segments", []) if record else []
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    record_run(run, segments)
+    record_run(run)
     args = run.train_args + (["--init_from=resume"] if status == "resume" else [])
     command = train_command(launcher, args)
     print(shell_join(command), flush=True)
@@ -456,8 +450,6 @@ def train_once(run, status, launcher, forwarder):
     fresh = file_version(run.run_dir / SUMMARY_NAME) not in (None, written_before)
     summary = read_json(run.run_dir / SUMMARY_NAME) if fresh else None
     diverged = summary is not None and diverged_in_a_learning_rate_sweep(run, summary)
-    if summary is not None and (code == 0 or diverged):
-        record_run(run, segments + [{key: summary[key] for key in SEGMENT_KEYS}])
     if forwarder.received:
         raise SweepInterrupted(f"{forwarder.received}: {what_was_kept(run, checkpoint_before)}")
     if diverged:
@@ -495,24 +487,9 @@ def check_finished(run, summary):
                         f"again")
 
 
-def over_segments(summary, segments):
-    """A resumed run's wall time summed over its train.py processes, and its speed and peak memory over
-    all of them, not only the last (whose few steps may be its warm-up)."""
-    if not segments:
-        return summary
-    timed = [(max(s["iterations_this_run"] - 1, 1), s["mean_ms_per_iter"]) for s in segments
-             if s["mean_ms_per_iter"] is not None]  # each segment's first step is its warm-up
-    ms_per_iter = sum(n * ms for n, ms in timed) / sum(n for n, _ in timed) if timed else None
-    memory = [s["peak_memory_bytes"] for s in segments if s["peak_memory_bytes"] is not None]
-    return summary | {"wall_time_s": sum(s["wall_time_s"] for s in segments),
-                      "mean_ms_per_iter": ms_per_iter,
-                      "tokens_per_s": summary["tokens_per_iter"] / (ms_per_iter / 1000) if ms_per_iter else None,
-                      "peak_memory_bytes": max(memory, default=None)}
-
-
 def finished_summary(run):
     """A run's summary as the tables use it: its totals over every segment, and derived columns."""
-    summary = over_segments(read_json(run.run_dir / SUMMARY_NAME), read_json(run.run_dir / RECORD_NAME).get("segments"))
+    summary = read_json(run.run_dir / SUMMARY_NAME)
     summary |= {"size": run.size, "seed": run.seed, "training_flops": run.flops_per_token * summary["tokens_per_iter"]
                 * summary["iterations"], "tokens": summary["tokens_per_iter"] * summary["iterations"]}
     if run.learning_rate is not None:
@@ -546,7 +523,8 @@ def run_sweep(plan, launcher=""):
             print(f"{head}{' (resuming)' if status == 'resume' else ''}; "
                   f"{time_left(spent_seconds, spent_flops, left)}", flush=True)
             started = time.time()
-            train_once(run, status, launcher, forwarder)
+            summary = train_once(run, status, launcher, forwarder)
             spent_seconds += time.time() - started
-            spent_flops += run.training_flops
+            # a resume trains the part after its checkpoint; a diverged run stopped early
+            spent_flops += run.flops_per_token * run.tokens_per_iter * summary["iterations_this_run"]
     return {run.run_dir: finished_summary(run) for run in plan}

@@ -18,10 +18,11 @@ The configuration (configurator.py) works as in NanoGPT: defaults, then config f
 also a function, `train(config) -> summary`, so tests and scripts can run it in-process.
 
 What the run writes to out_dir (rank 0 only):
-    ckpt.pt       model_args, model, optimizer, iter_num, best_val_loss, config, rng, meta; written
+    ckpt.pt       model_args, model, optimizer, iter_num, best_val_loss, config, rng, meta, totals; written
                   atomically, loadable with torch.load(weights_only=True), never with "_orig_mod."
     log.jsonl     one JSON object per logged iteration and per evaluation (runlog.py)
-    summary.json  parameters, FLOPs, final losses, speed, peak memory and wall time of the run
+    summary.json  parameters, FLOPs, final losses, speed, peak memory and wall time of the run (all its
+                  processes, when it was resumed)
     train.lock    held while the run lives, so that a second run on the same out_dir stops at once
 Under FSDP, ckpt.pt holds the gathered model without the optimizer, whose state stays in the shards:
 the resume point is the folder ckpt_sharded/ (every rank writes its shards; distributed.py).
@@ -46,7 +47,7 @@ from configurator import (DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_confi
 from data import Batches, DataError, check_data, check_same_tokens, choose_vocab_size, config_data_dir
 from launcher import LaunchError, launch, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
-from runlog import RunLog, read_summary, trim_log, write_summary
+from runlog import NO_EARLIER_PROCESS, RunLog, read_summary, run_totals, trim_log, write_summary
 from runtime import CpuThreads, StopSignals, autocast_context, peak_flops, resolve_device, resolve_dtype
 
 
@@ -74,7 +75,8 @@ class Run:
     best_val_loss: float = 1e9
     evaluated_at_start: bool = False  # the checkpoint resumed from was written after its evaluation
     last_losses: dict = field(default_factory=lambda: {"train": None, "val": None})
-    step_times: list = field(default_factory=list)
+    step_times: list = field(default_factory=list)  # this process's
+    earlier_processes: dict = field(default_factory=lambda: dict(NO_EARLIER_PROCESS))  # runlog.run_totals
     stop_reason: str = "max_iters"
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # kept across resumes: ties a summary to its checkpoint
     # built by build_run
@@ -106,7 +108,12 @@ class Run:
             print(*args, flush=True)
 
     def elapsed(self):
+        """Seconds since this process started the run."""
         return time.time() - self.wall_start
+
+    def wall_time(self):
+        """Seconds the run has taken, over every process that trained it."""
+        return self.earlier_processes["wall_time_s"] + self.elapsed()
 
 
 def get_lr(it, c):
@@ -341,6 +348,7 @@ def restore(run, checkpoint):
     run.run_id = checkpoint.get("run_id", run.run_id)
     # checkpoints from before the flag were taken as evaluated, as they were then
     run.evaluated_at_start = checkpoint.get("evaluated", True)
+    run.earlier_processes = checkpoint.get("totals", run.earlier_processes)  # older checkpoints: none counted
     rng, rank = checkpoint["rng"], run.rank
     run.generator.set_state(rng["batches"])
     # dropout: a rank the checkpoint has no state for (it was saved by fewer processes) keeps the
@@ -519,7 +527,7 @@ def evaluate(run):
     run.last_losses.update(losses)
     run.say(f"step {run.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
     run.log.write({"type": "eval", "iter": run.iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
-                   "elapsed_s": run.elapsed()})
+                   "elapsed_s": run.wall_time()})
     improved = losses["val"] < run.best_val_loss
     # a resume from a signal's checkpoint, written before this evaluation, saves it again as evaluated,
     # so that the next resume neither skips nor repeats the evaluation
@@ -572,7 +580,8 @@ def save(run, reason, evaluated):
     if not run.master:
         return
     ckpt = {"model_args": run.model_args, **state, "iter_num": run.iter_num, "evaluated": evaluated,
-            "run_id": run.run_id, "best_val_loss": run.best_val_loss, "config": dict(run.c), "rng": rng, "meta": run.meta}
+            "run_id": run.run_id, "best_val_loss": run.best_val_loss, "config": dict(run.c), "rng": rng, "meta": run.meta,
+            "totals": run_totals(run)}
     if run.scaler.is_enabled():
         ckpt["scaler"] = run.scaler.state_dict()
     t = time.time()
@@ -614,7 +623,7 @@ def run_hellaswag(run):
                                              rank=run.rank, world_size=run.world_size)
     finally:
         run.raw_model.train()
-    run.log.write({"type": "hellaswag", "iter": run.iter_num, **result, "elapsed_s": run.elapsed()})
+    run.log.write({"type": "hellaswag", "iter": run.iter_num, **result, "elapsed_s": run.wall_time()})
     run.say(f"iter {run.iter_num}: hellaswag " + ", ".join(
         f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
 
@@ -625,7 +634,7 @@ def log_step(run, loss, lr, dt):
     run.say(f"iter {run.iter_num}: loss {loss:.4f}, lr {lr:.2e}, {dt * 1000:.2f} ms/iter, "
             f"{tokens_per_s:,.0f} tokens/s" + ("" if mfu is None else f", mfu {mfu * 100:.2f}%"))
     run.log.write({"type": "train", "iter": run.iter_num, "loss": loss, "lr": lr, "ms_per_iter": dt * 1000,
-                   "tokens_per_s": tokens_per_s, "mfu": mfu, "elapsed_s": run.elapsed()})
+                   "tokens_per_s": tokens_per_s, "mfu": mfu, "elapsed_s": run.wall_time()})
 
 
 def print_help():

@@ -1502,6 +1502,34 @@ def test_resume_drops_log_records_past_the_checkpoint(tmp_path, data_dir, monkey
     assert log_records(out, "eval") == [0, 4, 8]
 
 
+def test_a_resumed_runs_wall_time_and_speed_count_its_kept_steps_once(tmp_path, data_dir, monkeypatch):
+    """A run killed while saving at 4, after its checkpoint at 2 (its steps 3 and 4 are redone), then
+    resumed: its summary's wall time, ms/iter and log times cover both processes up to what the run
+    kept, each process's first step (its warm-up) left out of the speed, as one process's would be."""
+    out, saves = tmp_path / "out", []
+
+    def dies_at_the_second_save(checkpoint, path):
+        saves.append(checkpoint["iter_num"])
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+        save_checkpoint(checkpoint, path)
+
+    monkeypatch.setattr(T, "save_checkpoint", dies_at_the_second_save)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(tiny(tmp_path, data_dir, max_iters=8, eval_interval=2), verbose=False)
+    kept = load_checkpoint(out)["totals"]
+    assert saves == [2, 4] and kept["timed_steps"] == 1  # steps 1 and 2: the first is the warm-up
+    monkeypatch.undo()
+    summary = T.train(tiny(tmp_path, data_dir, max_iters=8, eval_interval=2, init_from="resume"), verbose=False)
+    assert summary["iterations_this_run"] == 6
+    assert summary["wall_time_s"] == pytest.approx(kept["wall_time_s"] + summary["wall_time_this_run_s"])
+    steps = {r["iter"]: r for r in read_log(out) if r["type"] == "train"}
+    timed = [steps[i]["ms_per_iter"] for i in (2, 4, 5, 6, 7, 8)]  # not 1 nor 3, each process's first
+    assert summary["mean_ms_per_iter"] == pytest.approx(sum(timed) / len(timed))
+    times = [r["elapsed_s"] for r in read_log(out)]
+    assert times == sorted(times) and times[-1] > kept["wall_time_s"]  # the resume goes on from the first's time
+
+
 # -----------------------------------------------------------------------------
 # hooks and the quick start
 
