@@ -271,11 +271,29 @@ def variant_costs(args, overrides, c, label, out_dir):
     return costs
 
 
+def size_overrides(config_file, overrides, shape):
+    """The overrides of one --sizes size: n_layer, n_head and n_embd, and what the config ties to them at
+    its own ratio, so that the sizes are one family: the MLP's hidden width to n_embd (SwiGLU's
+    intermediate_size), the key/value heads of grouped-query attention to n_head."""
+    base = resolved_config(config_file, overrides, schedule_checked_per_run=True)
+    sized = dict(zip(SHAPE_KEYS, shape))
+    if base["intermediate_size"]:
+        sized["intermediate_size"] = max(1, round(base["intermediate_size"] * sized["n_embd"] / base["n_embd"]))
+    if base["n_kv_head"]:
+        if sized["n_head"] * base["n_kv_head"] % base["n_head"]:
+            raise SweepError(f"size {size_label(shape)}: the config shares each key/value head among "
+                             f"{base['n_head'] // base['n_kv_head']} query heads (n_kv_head={base['n_kv_head']}, "
+                             f"n_head={base['n_head']}), which do not divide its n_head={sized['n_head']}: pick sizes "
+                             f"whose n_head they divide")
+        sized["n_kv_head"] = sized["n_head"] * base["n_kv_head"] // base["n_head"]
+    return [format_override(key, value) for key, value in sized.items()]
+
+
 def plan_size(args, overrides, shape, out_dir):
     """The runs of one size: each variant's iterations under the budget, for every learning rate of the
     sweep (the config's alone without --learning_rates) and every seed. Returns (label, budget, runs,
     the reference's FLOPs per token)."""
-    shape_args = [format_override(key, value) for key, value in zip(SHAPE_KEYS, shape)] if shape else []
+    shape_args = size_overrides(args.config, overrides, shape) if shape else []
     c = resolved_config(args.config, overrides + shape_args, schedule_checked_per_run=True)
     label = size_label(tuple(c[k] for k in SHAPE_KEYS))
     if c["max_iters"] < 1:

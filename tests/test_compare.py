@@ -292,6 +292,20 @@ def test_sizes_are_ordered_by_their_compute(tiny_run):
     assert list(budgets) == ["1x1x256", "12x4x64"] and budgets["1x1x256"] < budgets["12x4x64"]
 
 
+def test_sizes_scale_the_mlp_width_and_key_value_heads_at_the_configs_ratio(tiny_run, capsys):
+    """A SwiGLU or grouped-query config (the Llama ones) swept over sizes: its intermediate_size follows
+    n_embd and its n_kv_head n_head, as the config has them, instead of staying the config's at every size."""
+    config, out_dir = tiny_run
+    config.write_text(config.read_text() + "mlp = 'swiglu'\nintermediate_size = 40\nn_kv_head = 1\n")  # 2.5 d, 2 per head
+    runs, _ = plan(config, out_dir, "--variants=standard", "--sizes=1x2x16,2x4x32,1x6x24")
+    shapes = {r.size: configurator.resolve_config(configurator.get_config(r.train_args)) for r in runs}
+    assert {size: (c["intermediate_size"], c["n_kv_head"]) for size, c in shapes.items()} == {
+        "1x2x16": (40, 1), "2x4x32": (80, 2), "1x6x24": (60, 3)}
+    assert compare.main([str(config), f"--out_dir={out_dir}", "--variants=standard", "--sizes=1x2x16,1x3x24"]) == 1
+    assert capsys.readouterr().err.startswith("error: size 1x3x24: the config shares each key/value head among 2 "
+                                              "query heads (n_kv_head=1, n_head=2), which do not divide its n_head=3")
+
+
 def test_a_run_of_one_iteration_still_evaluates_every_iteration(tiny_run):
     config, out_dir = tiny_run
     runs, _ = plan(config, out_dir, "--variants=standard", "--match=tokens", "--budget_tokens=64", "--max_iters=6",
