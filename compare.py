@@ -272,6 +272,8 @@ def write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir
     command = sweep.shell_join(["python", "compare.py", *argv])
     seeds_note = f"mean ± standard deviation over {args.seeds} seeds" if args.seeds > 1 else "one seed"
     header = f"Command: `{command}` ({seeds_note}; ranking in parentheses, 1 = best)"
+    mixed = frontier.mixed_setups_note(summaries.values())
+    header += f"\n\n{mixed}" if mixed else ""
     extra = {"command": command, "config": args.config, "train_overrides": train_overrides, "match": args.match,
              "reference": args.reference, "seeds": args.seeds, "learning_rates": args.learning_rates}
     return frontier.write_report(out_dir, header, plan, budgets, list(summaries.values()), variants=args.variants,

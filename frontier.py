@@ -12,6 +12,7 @@ includes the output head.
 import json
 import math
 import statistics
+from collections import Counter
 
 import numpy as np
 
@@ -586,6 +587,17 @@ def plot_learning_rates(plt, summaries, labels, variants, best, path):
 
 # -----------------------------------------------------------------------------
 # the report
+
+def mixed_setups_note(summaries):
+    """A note for runs that trained on different set-ups (a sweep resumed on another machine, or under
+    another --launcher): their losses compare, their speed, time and memory do not. '' if all alike."""
+    counts = Counter(f"{s['world_size']} x {s['device'].split(':')[0]}, {s['dtype']}" for s in summaries)
+    if len(counts) < 2:
+        return ""
+    setups = "; ".join(f"{n} on {setup}" for setup, n in counts.items())
+    return (f"**Note:** these runs trained on different set-ups ({setups}): their ms/iter, tokens/s, wall time and "
+            f"memory do not compare across set-ups, nor do their losses where the dtype differs.")
+
 
 def write_report(out_dir, header, plan, budgets, summaries, *, variants, reference, seeds, extra):
     """results.md (a table per size, then the summary and the fit), results.json, loss.png of the

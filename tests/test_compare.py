@@ -556,6 +556,19 @@ def seeds_of(**val_losses):
             for variant, losses in val_losses.items()}
 
 
+def test_runs_of_different_set_ups_are_noted_in_the_header(tiny_run, capsys):
+    """A sweep resumed on another machine or under another --launcher mixes set-ups: results.md says so."""
+    config, out_dir = tiny_run
+    argv = [str(config), f"--out_dir={out_dir}", "--variants=standard,efficient", "--max_iters=2"]
+    assert compare.main(argv) == 0
+    assert "set-ups" not in (out_dir / "results.md").read_text()
+    summary_path = out_dir / "efficient-seed0" / "summary.json"
+    summary_path.write_text(json.dumps(json.loads(summary_path.read_text()) | {"world_size": 2}))  # as torchrun's
+    assert compare.main(argv) == 0
+    assert ("**Note:** these runs trained on different set-ups (1 on 1 x cpu, float32; 1 on 2 x cpu, float32): "
+            "their ms/iter") in (out_dir / "results.md").read_text()
+
+
 def test_a_difference_within_two_standard_errors_is_a_tie():
     """1.910, 1.928 and 1.935, each ± 0.01 over 3 seeds: 2 standard errors of a difference are
     2 √(0.01²/3 + 0.01²/3) = 0.0163. Optimized is 0.018 behind super: ranked, though within 2 standard
