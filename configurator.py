@@ -225,17 +225,26 @@ def _line_of(error, path):
 def get_config(argv, defaults=DEFAULT_CONFIG, set_by=None):
     """The effective config: defaults, then config files, then --key=value overrides, in order.
     set_by, a dict if given, receives each key's last setter: the config file's path or the override."""
-    config = dict(defaults)
+    config, set_by = dict(defaults), {} if set_by is None else set_by
     for arg in argv:
         if arg.startswith("--"):
             key, value = parse_override(arg, defaults)
             settings = {key: value}
         else:
             settings = read_config_file(arg, defaults, config)
+            refuse_overridden_overrides(arg, settings, config, set_by)
         config.update(settings)
-        if set_by is not None:
-            set_by.update(dict.fromkeys(settings, arg))
+        set_by.update(dict.fromkeys(settings, arg))
     return config
+
+
+def refuse_overridden_overrides(path, settings, config, set_by):
+    """An override given before a config file that sets its key again would do nothing (as in NanoGPT,
+    the last one given wins): a silent max_iters or out_dir other than the one asked for."""
+    for key, value in settings.items():
+        if set_by.get(key, "").startswith("--") and value != config[key]:
+            raise ConfigError(f"{set_by[key]} comes before {path}, which sets {key} again ({key} = {value!r}), so it "
+                              f"would have no effect: give the config files first, then the --key=value overrides")
 
 
 def naming_config_files(error, set_by):

@@ -109,9 +109,22 @@ def test_a_config_file_reads_the_config_so_far(tmp_path):
     config = T.get_config([str(base), str(derived)])
     assert config["min_lr"] == pytest.approx(3e-4) and config["lr_decay_iters"] == 100
     assert config["warmup_iters"] == T.DEFAULT_CONFIG["warmup_iters"] // 2
-    config = T.get_config(["--learning_rate=1e-2", str(base), "--max_iters=7", str(derived)])
+    config = T.get_config([str(base), "--max_iters=7", str(derived)])
     assert config["learning_rate"] == 3e-3 and config["min_lr"] == pytest.approx(3e-4) and config["lr_decay_iters"] == 7
     assert T.get_config(["--n_layer=5", str(derived)])["n_layer"] == 5  # not reset by a file that never names it
+    assert T.get_config(["--learning_rate=3e-3", str(base)])["learning_rate"] == 3e-3  # set again, to the same
+
+
+def test_an_override_a_later_config_file_sets_again_is_an_error(tmp_path, capsys):
+    """`train.py --out_dir=mine config.py`: the file's out_dir would win, as in NanoGPT, and the run would
+    train into (and replace) another run's folder."""
+    config = tmp_path / "theirs.py"
+    config.write_text("out_dir = 'out-theirs'\nmax_iters = 1000\n")
+    assert T.main(["--max_iters=4", "--out_dir=out-mine", str(config)]) == 1
+    assert capsys.readouterr().err == (f"error: --out_dir=out-mine comes before {config}, which sets out_dir again "
+                                       f"(out_dir = 'out-theirs'), so it would have no effect: give the config files "
+                                       f"first, then the --key=value overrides\n")
+    assert not (REPO / "out-theirs").exists() and not os.path.exists("out-theirs")
 
 
 @pytest.mark.parametrize("argv, words", [
