@@ -180,7 +180,9 @@ def read_config_file(path, defaults=DEFAULT_CONFIG, config_so_far=None):
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder: name a config file, e.g. config/quickstart.py")
     if not path.is_file():
-        raise ConfigError(f"config file {path} not found")
+        key = str(path).split("=", 1)[0]
+        hint = f": overrides start with --, as in --{path}" if "=" in str(path) and key in defaults else ""
+        raise ConfigError(f"config file {path} not found{hint}")
     before = dict(defaults if config_so_far is None else config_so_far)
     namespace = dict(before)
     try:
@@ -197,6 +199,9 @@ def read_config_file(path, defaults=DEFAULT_CONFIG, config_so_far=None):
             continue
         if key in before and value is before[key]:
             continue  # not set by this file
+        if key not in defaults:
+            own = " (a name of the file's own, not a setting, starts with _)"
+            raise ConfigError(f"{path}: {_unknown_key(key, defaults, own)}")
         try:
             settings[key] = check_value(key, value, defaults)
         except ConfigError as e:

@@ -150,8 +150,14 @@ def test_config_file_errors(tmp_path):
     wrong.write_text("eval_iters = '20'\n")
     with pytest.raises(T.ConfigError, match="eval_iters.*int"):
         T.get_config([str(wrong)])
-    with pytest.raises(T.ConfigError, match="not found"):
+    with pytest.raises(T.ConfigError, match=r"unknown config key 'n_layers' \(a name of the file's own, not a setting, "
+                                           r"starts with _\); did you mean 'n_layer'"):
+        T.get_config([str(unknown)])
+    with pytest.raises(T.ConfigError, match="not found$"):
         T.get_config([str(tmp_path / "missing.py")])
+    with pytest.raises(T.ConfigError, match="config file max_iters=5 not found: overrides start with --, as in "
+                                           "--max_iters=5$"):
+        T.get_config(["max_iters=5"])
     failing = tmp_path / "failing.py"
     failing.write_text("n_layer = 4\nmin_lr = learnin_rate / 10\n")
     with pytest.raises(T.ConfigError, match=r"failing.py, line 2: NameError: name 'learnin_rate' is not defined"):
