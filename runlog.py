@@ -95,6 +95,15 @@ def run_totals(run):
             "peak_memory_bytes": max(memory, default=None)}
 
 
+def last_evaluation(summary):
+    final, at = summary["final_val_loss"], summary["final_losses_iter"]
+    if final is None:
+        return "no evaluation in this run"
+    if at == summary["iterations"]:
+        return f"final val loss {round(final, 4)}"
+    return f"val loss {round(final, 4)} when last evaluated, at iteration {at}"  # stopped between evaluations
+
+
 def write_summary(run):
     totals = run_totals(run)
     steps, seconds = totals["timed_steps"], totals["timed_seconds"]
@@ -112,6 +121,7 @@ def write_summary(run):
         "flops_per_token": model.flops_per_token(),
         "final_train_loss": run.last_losses["train"],
         "final_val_loss": run.last_losses["val"],
+        "final_losses_iter": run.last_eval_iter,
         "best_val_loss": run.best_val_loss if run.best_val_loss < 1e9 else None,
         "iterations": run.iter_num,
         "iterations_this_run": len(run.step_times),
@@ -133,10 +143,9 @@ def write_summary(run):
     # an evaluation alone leaves the run's summary be, as does a new run that has not replaced an earlier one
     if run.master and run.stop_reason != "eval_only" and not run.keeps_earlier_run:
         write_text_atomic(run.out_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
-    final = summary["final_val_loss"]
     if run.stop_reason != "diverged":  # a diverged run is not done: the error that follows says what happened
-        run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_this_run_s']:.1f}s, " +
-                ("no evaluation in this run" if final is None else f"final val loss {round(final, 4)}"))
+        run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_this_run_s']:.1f}s, "
+                f"{last_evaluation(summary)}")
     if run.log.wandb is not None:
         run.log.wandb.finish()
     return summary

@@ -75,6 +75,7 @@ class Run:
     best_val_loss: float = 1e9
     evaluated_at_start: bool = False  # the checkpoint resumed from was written after its evaluation
     last_losses: dict = field(default_factory=lambda: {"train": None, "val": None})
+    last_eval_iter: int = None  # the iteration of last_losses
     step_times: list = field(default_factory=list)  # this process's
     earlier_processes: dict = field(default_factory=lambda: dict(NO_EARLIER_PROCESS))  # runlog.run_totals
     stop_reason: str = "max_iters"
@@ -235,6 +236,8 @@ def announce(run, n_tokens):
     run.say(f"device {run.device}, dtype {run.dtype}, {run.world_size} process(es), {run.accum} micro-step(s) per "
             f"process, {run.tokens_per_iter:,} tokens per iteration; data {run.data_dir}: {n_tokens['train']:,} "
             f"train / {n_tokens['val']:,} val tokens ({run.meta['tokenizer']}, vocab {run.meta['vocab_size']})")
+    for note in config_notes(run):
+        run.say(f"note: {note}")
     # rank 0 creates out_dir and holds its lock until the run or its process ends; all ranks stop if it is taken
     run.out_dir_lock = distributed.claim_out_dir(run.out_dir, run.ddp)
     if run.master:
@@ -248,6 +251,22 @@ def announce(run, n_tokens):
         run.say(f"note: {run.out_dir / CHECKPOINT_NAME} is an earlier run's; this run replaces it, its log and its "
                 f"summary at its first save, and a stop before then leaves them as they are (to continue that run "
                 f"instead: --init_from=resume)")
+
+
+def config_notes(run):
+    """What the config asks for that is valid but seldom meant."""
+    c, notes = run.c, []
+    if c["eval_only"] and c["init_from"] == "scratch":
+        notes.append("eval_only with init_from='scratch' evaluates a new, untrained model" +
+                     (f"; --init_from=resume evaluates {run.out_dir / CHECKPOINT_NAME}"
+                      if (run.out_dir / CHECKPOINT_NAME).exists() else ""))
+    elif c["decay_lr"] and c["max_iters"] < c["lr_decay_iters"]:
+        notes.append(f"the run stops at max_iters={c['max_iters']}, before its learning-rate schedule ends "
+                     f"(warmup_iters={c['warmup_iters']}, lr_decay_iters={c['lr_decay_iters']}): its last step's rate "
+                     f"is {get_lr(c['max_iters'] - 1, c):.2e} (set lr_decay_iters=max_iters to decay within the run)")
+    if run.device == "cpu" and run.dtype == "float16":
+        notes.append("float16 on the CPU is emulated, many times slower than float32 or bfloat16")
+    return notes
 
 
 def finds_earlier_run(run):
@@ -357,7 +376,12 @@ def restore(run, checkpoint):
         torch.set_rng_state(rng["torch"][rank])
     if run.device.startswith("cuda") and rank < len(rng.get("cuda") or ()):
         torch.cuda.set_rng_state(rng["cuda"][rank], run.device)
-    run.say(f"resuming from {checkpoint['source']} at iteration {run.iter_num} (best val loss {run.best_val_loss:.4f})")
+    best = "none saved yet" if run.best_val_loss >= 1e9 else f"{run.best_val_loss:.4f}"
+    run.say(f"resuming from {checkpoint['source']} at iteration {run.iter_num} (best val loss {best})")
+    changed = [f"{key} {was!r} -> {run.c[key]!r}" for key, was in (checkpoint.get("config") or {}).items()
+               if key in run.c and key != "init_from" and was != run.c[key]]
+    if changed:  # a forgotten override resumes with another learning rate or batch, say: visible, not refused
+        run.say(f"note: changed since the checkpoint: {', '.join(changed)}")
 
 
 def open_logs(run):
@@ -525,6 +549,7 @@ def evaluate(run):
     if not all(map(math.isfinite, losses.values())):
         raise diverged(run, f"the evaluated losses became train {losses['train']}, val {losses['val']}")
     run.last_losses.update(losses)
+    run.last_eval_iter = run.iter_num
     run.say(f"step {run.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
     run.log.write({"type": "eval", "iter": run.iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                    "elapsed_s": run.wall_time()})

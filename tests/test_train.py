@@ -1290,11 +1290,34 @@ def test_the_last_line_of_a_run_stopped_before_any_evaluation_says_so(tmp_path, 
 
     monkeypatch.setattr(GPT, "forward", forward)
     cfg = tiny(tmp_path, data_dir, max_iters=50, eval_interval=100)
-    for init_from, last_line in (("scratch", r"done: 1 iterations in [\d.]+s, final val loss [\d.]+"),
-                                 ("resume", r"done: 1 iterations in [\d.]+s, no evaluation in this run")):
+    for init_from, last_line in (
+            ("scratch", r"done: 1 iterations in [\d.]+s, val loss [\d.]+ when last evaluated, at iteration 0"),
+            ("resume", r"done: 1 iterations in [\d.]+s, no evaluation in this run")):
         calls = []
         T.train({**cfg, "init_from": init_from})
-        assert re.fullmatch(last_line, capsys.readouterr().out.splitlines()[-1])
+        out = capsys.readouterr().out
+        assert re.fullmatch(last_line, out.splitlines()[-1])
+    assert "resuming from " + str(tmp_path / "out" / "ckpt.pt") + " at iteration 1 (best val loss none saved yet)" in out
+
+
+def test_what_a_config_asks_for_but_seldom_means_is_noted(tmp_path, data_dir, capsys):
+    cfg = tiny(tmp_path, data_dir, max_iters=4, lr_decay_iters=8, warmup_iters=2)
+    T.train(cfg)
+    assert ("note: the run stops at max_iters=4, before its learning-rate schedule ends (warmup_iters=2, "
+            "lr_decay_iters=8): its last step's rate is") in capsys.readouterr().out
+    T.train({**cfg, "eval_only": True, "dtype": "float16"})
+    out = capsys.readouterr().out
+    assert (f"note: eval_only with init_from='scratch' evaluates a new, untrained model; --init_from=resume "
+            f"evaluates {tmp_path / 'out' / 'ckpt.pt'}") in out
+    assert "note: float16 on the CPU is emulated, many times slower than float32 or bfloat16" in out
+
+
+def test_a_resume_notes_the_settings_changed_since_its_checkpoint(tmp_path, data_dir, capsys):
+    """A forgotten override resumes with another learning rate or batch: said, not refused."""
+    T.train(tiny(tmp_path, data_dir, max_iters=4, learning_rate=3e-3, batch_size=3), verbose=False)
+    T.train(tiny(tmp_path, data_dir, max_iters=8, init_from="resume"))
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: changed")]
+    assert notes == ["note: changed since the checkpoint: batch_size 3 -> 4, learning_rate 0.003 -> 0.001, max_iters 4 -> 8"]
 
 
 @pytest.mark.parametrize("case, failing_save, kept", [
