@@ -321,6 +321,8 @@ def resolve_config(config):
                   f"rate: set min_lr below it (usually learning_rate / 10)")
     if c["hellaswag_interval"] and not c["hellaswag_file"]:
         raise bad("hellaswag_file", "hellaswag_interval is on, so name a HellaSwag jsonl file")
+    if c["hellaswag_interval"] and not Path(c["hellaswag_file"]).is_file():
+        raise bad("hellaswag_file", "no such file (docs/hellaswag.md says where to get it), or set hellaswag_interval=0")
     _check_model(c)
     return c
 

@@ -1583,15 +1583,23 @@ def test_hellaswag_hook_is_optional(tmp_path, data_dir, monkeypatch):
     fake.evaluate = lambda model, examples, tokenizer, device, batch_size, rank, world_size: dict(
         acc=0.25, acc_norm=0.5, acc_char_norm=0.5, n=3)
     monkeypatch.setitem(sys.modules, "eval_hellaswag", fake)
-    T.train(tiny(tmp_path, data_dir, max_iters=4, hellaswag_interval=2, hellaswag_file="x.jsonl"), verbose=False)
+    hellaswag_file = tmp_path / "x.jsonl"
+    hellaswag_file.touch()
+    T.train(tiny(tmp_path, data_dir, max_iters=4, hellaswag_interval=2, hellaswag_file=str(hellaswag_file)), verbose=False)
     records = read_log(tmp_path / "out")
     hs = [r for r in records if r["type"] == "hellaswag"]
     assert [r["iter"] for r in hs] == [2, 4] and hs[0]["acc_norm"] == 0.5 and hs[0]["n"] == 3
 
     monkeypatch.setitem(sys.modules, "eval_hellaswag", None)  # import fails: train on without it
-    summary = T.train(tiny(tmp_path / "b", data_dir, max_iters=2, hellaswag_interval=1, hellaswag_file="x.jsonl"),
+    summary = T.train(tiny(tmp_path / "b", data_dir, max_iters=2, hellaswag_interval=1, hellaswag_file=str(hellaswag_file)),
                       verbose=False)
     assert summary["iterations"] == 2
+
+
+def test_a_missing_hellaswag_file_is_refused_before_training(tmp_path, data_dir):
+    with pytest.raises(T.ConfigError, match=r"config key 'hellaswag_file'='hs.jsonl': no such file \(docs/hellaswag.md"):
+        T.train(tiny(tmp_path, data_dir, hellaswag_interval=2, hellaswag_file="hs.jsonl"), verbose=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_quickstart_config_runs(tmp_path):
