@@ -24,7 +24,7 @@ import torch
 
 from atomic import atomic_file, why_not_writable
 from configurator import MODEL_ARG_KEYS
-from data import config_data_dir
+from data import check_same_tokens, config_data_dir
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from runtime import DTYPES
 from tokenizer import (META_FILENAME, NANOGPT_META_FILENAME, GPT2Tokenizer, read_meta, read_nanogpt_meta,
@@ -102,10 +102,12 @@ def _holder_if_locked(lock):
         return lock.read().strip() or "unknown"
 
 
-def load_resume_checkpoint(out_dir, model_args, sharded=False):
+def load_resume_checkpoint(out_dir, model_args, sharded=False, data=None):
     """The checkpoint to resume from, after checking that it trains the model requested (its
     model_args are the ones to build); its "source" is the file or folder it was read from.
-    sharded (an FSDP run): the training state of the sharded checkpoint, whose shards build_run loads."""
+    sharded (an FSDP run): the training state of the sharded checkpoint, whose shards build_run loads.
+    data, (meta, data_dir): what the resume reads, checked first to be the tokens the checkpoint
+    learned (data prepared again from other text changes the vocabulary: the data's doing, not the model's)."""
     import distributed  # which imports this module
 
     if sharded:
@@ -124,6 +126,8 @@ def load_resume_checkpoint(out_dir, model_args, sharded=False):
         if "sharded" in checkpoint:
             raise CheckpointError(f"{checkpoint['source']} is the export of an FSDP run, whose optimizer state is "
                                   f"in {out_dir / checkpoint['sharded']}: resume it with parallelism='fsdp' under torchrun")
+    if data is not None:
+        check_same_tokens(checkpoint.get("meta"), *data, checkpoint["source"])
     saved = checkpoint["model_args"]
     if (checkpoint.get("config") or {}).get("init_from") in PRETRAINED_GPT2:
         # fine-tuned from OpenAI's weights: the model has their shape, not the config's, except for

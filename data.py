@@ -69,7 +69,8 @@ def check_data(data_dir, block_size):
     """Check train.bin, val.bin and meta.json before anything trains; return (meta, n_tokens, max_token)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise DataError(f"data folder {data_dir} not found: {prepare_hint(data_dir)}")
+        where = "" if data_dir.is_absolute() else f" (in {Path.cwd()}: data paths are relative to the current folder)"
+        raise DataError(f"data folder {data_dir} not found{where}: {prepare_hint(data_dir)}")
     paths = {split: _token_file(data_dir, split) for split in ("train", "val")}
     try:
         meta = read_meta(data_dir)

@@ -44,7 +44,7 @@ from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, fi
                         load_resume_checkpoint, load_weights, resume_hint, save_checkpoint)
 from configurator import (DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text,
                           naming_config_files, resolve_config)
-from data import Batches, DataError, check_data, check_same_tokens, choose_vocab_size, config_data_dir
+from data import Batches, DataError, check_data, choose_vocab_size, config_data_dir
 from launcher import LaunchError, launch, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
 from runlog import NO_EARLIER_PROCESS, RunLog, read_summary, run_totals, trim_log, write_summary
@@ -155,8 +155,8 @@ def train(config, verbose=True):
         model_args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": choose_vocab_size(c, meta, max_token, data_dir)}
         checkpoint = None
         if c["init_from"] == "resume":
-            checkpoint = load_resume_checkpoint(out_dir, model_args, sharded=ddp and c["parallelism"] == "fsdp")
-            check_same_tokens(checkpoint.get("meta"), meta, data_dir, checkpoint["source"])
+            checkpoint = load_resume_checkpoint(out_dir, model_args, sharded=ddp and c["parallelism"] == "fsdp",
+                                                data=(meta, data_dir))
             # a GPT-2 fine-tune's are OpenAI's; dropout is the config's, as no weight depends on it
             model_args = {key: checkpoint["model_args"][key] for key in model_args} | {"dropout": c["dropout"]}
     except (DataError, CheckpointError) as e:

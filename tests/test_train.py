@@ -333,7 +333,8 @@ def test_a_missing_dataset_names_the_command_that_makes_it(data_dir, command, tm
     monkeypatch.chdir(tmp_path)  # not the checkout, where a user may have made data/stdlib_char already
     with pytest.raises(T.DataError) as err:
         T.check_data(data_dir, block_size=8)
-    assert str(err.value).startswith(f"data folder {data_dir} not found: prepare the dataset first")
+    where = "" if data_dir.startswith("/") else f" (in {tmp_path}: data paths are relative to the current folder)"
+    assert str(err.value).startswith(f"data folder {data_dir} not found{where}: prepare the dataset first")
     assert command in str(err.value)
 
 
@@ -350,6 +351,18 @@ def test_a_resume_on_as_many_other_characters_is_refused(tmp_path, data_dir, cap
     assert err.startswith(f"error: cannot resume from {tmp_path / 'out' / CHECKPOINT_NAME}: its ") and err.count("\n") == 1
     assert "characters and the" in err and f"of {other} differ from id " in err and "Resume on the data" in err
     assert (tmp_path / "out" / CHECKPOINT_NAME).read_bytes() == before
+
+
+def test_a_resume_on_data_prepared_again_from_other_text_blames_the_data(tmp_path, data_dir, capsys):
+    """Other text has another vocabulary, so the model args differ too: the data is the cause to name."""
+    T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)
+    other = tmp_path / "other"
+    prepare(TEXT + "0123456789", other, "other text")
+    cfg = tiny(tmp_path, other, max_iters=4, init_from="resume")
+    assert T.main([f"--{k}={v!r}" for k, v in cfg.items()]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot resume from {tmp_path / 'out' / CHECKPOINT_NAME}: its ")
+    assert f"characters and the {read_meta(other)['vocab_size']} of {other} differ from id " in err and "vocab" not in err
 
 
 def swap_first_two_chars(meta):
@@ -454,7 +467,7 @@ def test_resume_without_the_config_names_the_overrides_the_checkpoint_was_traine
     assert T.main([f"--out_dir={cfg['out_dir']}", "--init_from=resume", "--device=cpu"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
-    assert "data/openwebtext not found: prepare the dataset first: python prepare_openwebtext.py." in err
+    assert "data/openwebtext not found (in " in err and "prepare the dataset first: python prepare_openwebtext.py." in err
     assert "was trained with another config" in err
     assert f"--data_dir={str(data_dir)!r}" in err and "--n_layer=1" in err and "--n_embd=32" in err
 
