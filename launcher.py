@@ -70,20 +70,24 @@ def _pass_signal_to_workers(signum, frame):
             pass
 
 
-def check_processes_per_node(nproc_per_node):
-    """A LaunchError unless --nproc_per_node names at least one process (a number, or torchrun's auto,
-    cpu or gpu where they apply): torchrun itself answers a bare AssertionError or a traceback."""
-    from torch.distributed.run import determine_local_world_size
+def planned_world_size(launcher_args):
+    """How many training processes torchrun will start: None where an elastic --nnodes (1:4) leaves it
+    open. A LaunchError unless --nproc_per_node names at least one process (a number, or torchrun's
+    auto, cpu or gpu where they apply): torchrun itself answers a bare AssertionError or a traceback."""
+    from torch.distributed.run import determine_local_world_size, get_args_parser
 
+    args = get_args_parser().parse_known_args([*launcher_args, "x"])[0]
     try:
-        processes = determine_local_world_size(nproc_per_node)
+        processes = determine_local_world_size(args.nproc_per_node)
     except ValueError as e:
         processes, problem = 0, str(e).rstrip(".")
     else:
         problem = "no process to start"
     if processes < 1:
-        raise LaunchError(f"--nproc_per_node={nproc_per_node}: {problem}; give the number of training processes "
-                          f"per node (at least 1), or auto")
+        raise LaunchError(f"--nproc_per_node={args.nproc_per_node}: {problem}; give the number of training "
+                          f"processes per node (at least 1), or auto")
+    least, _, most = ("1" if args.standalone else str(args.nnodes)).partition(":")  # torchrun's default is 1:1
+    return processes * int(least) if least.isdigit() and most in ("", least) else None
 
 
 def keep_our_signal_handlers(launcher_args):
@@ -111,10 +115,8 @@ def launch(launcher_args, script, script_args):
     """Run `script` under torch's elastic agent in this process, passing SIGINT and SIGTERM to the
     training processes. Returns 0, or raises LaunchError naming the ranks that failed."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser
     from torch.distributed.run import main as torchrun_main
 
-    check_processes_per_node(get_args_parser().parse_known_args([*launcher_args, "x"])[0].nproc_per_node)
     if Path("/proc/self/stat").exists():  # how the workers are found to pass them a signal
         launcher_args = keep_our_signal_handlers(launcher_args)
         for sig in (signal.SIGINT, signal.SIGTERM):

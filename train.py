@@ -45,7 +45,7 @@ from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, fi
 from configurator import (DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text,
                           naming_config_files, resolve_config)
 from data import Batches, DataError, check_data, choose_vocab_size, config_data_dir
-from launcher import LaunchError, launch, split_launcher_args
+from launcher import LaunchError, launch, planned_world_size, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
 from runlog import NO_EARLIER_PROCESS, RunLog, read_summary, run_totals, trim_log, write_summary
 from runtime import CpuThreads, StopSignals, autocast_context, peak_flops, resolve_device, resolve_dtype
@@ -140,13 +140,9 @@ def train(config, verbose=True):
     ddp, rank, local_rank, world_size = distributed.setup()
     if ddp:
         distributed.stop_with_launcher()
-    if c["gradient_accumulation_steps"] % world_size:  # every rank finds this: rank 0 says it
-        distributed.refuse(str, f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be "
-                           f"divisible by the number of processes ({world_size}): the steps are split over them",
-                           error=ConfigError)
-    if ddp and c["parallelism"] == "fsdp" and c["eval_iters"] % world_size:  # each rank, as many sharded forwards
-        distributed.refuse(str, f"config key 'eval_iters'={c['eval_iters']} must be divisible by the number of FSDP "
-                           f"processes ({world_size}): every rank evaluates an equal share", error=ConfigError)
+    problem = world_size_problem(c, world_size) if ddp else None
+    if problem:  # every rank finds this: rank 0 says it
+        distributed.refuse(str, problem, error=ConfigError)
     device, dtype = choose_device(c, ddp, local_rank)
     out_dir = Path(c["out_dir"])
     data_dir = config_data_dir(c)
@@ -191,6 +187,17 @@ def train(config, verbose=True):
                 run.out_dir_lock.close()
             if ddp:
                 distributed.teardown(run)
+
+
+def world_size_problem(c, world_size):
+    """Why the config cannot train on world_size processes (under torchrun), or None."""
+    if c["gradient_accumulation_steps"] % world_size:
+        return (f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be divisible by "
+                f"the number of processes ({world_size}): the steps are split over them")
+    if c["parallelism"] == "fsdp" and c["eval_iters"] % world_size:  # each rank, as many sharded forwards
+        return (f"config key 'eval_iters'={c['eval_iters']} must be divisible by the number of FSDP processes "
+                f"({world_size}): every rank evaluates an equal share")
+    return None
 
 
 def choose_device(c, ddp, local_rank):
@@ -678,8 +685,11 @@ def main(argv=None):
     set_by = {}
     try:
         launcher = split_launcher_args(argv, DEFAULT_CONFIG)
-        if launcher:  # the config read here first: a bad key is one error line, not one per process
-            get_config(launcher[1])
+        if launcher:  # the config checked here first: a bad key is one error line, not one per process
+            c = resolve_config(get_config(launcher[1], set_by=set_by))
+            world_size = planned_world_size(launcher[0])
+            if world_size and world_size_problem(c, world_size):
+                raise ConfigError(world_size_problem(c, world_size))
             return launch(launcher[0], Path(__file__).resolve(), launcher[1])
         train(get_config(argv, set_by=set_by))
     except ConfigError as e:
