@@ -1156,6 +1156,15 @@ def test_steps_that_do_not_split_over_the_processes_are_said_once(tmp_path, data
     assert result.stderr.count("\n") == 1 and not (tmp_path / "out").exists()  # said before any process started
 
 
+def test_the_planned_world_size_is_known_unless_the_nodes_are_elastic():
+    from launcher import planned_world_size
+
+    assert planned_world_size(["--standalone", "--nproc_per_node=2"]) == 2
+    assert planned_world_size(["--nnodes=2", "--nproc_per_node=3"]) == 6
+    assert planned_world_size(["--standalone", "--nnodes=2", "--nproc_per_node=2"]) == 2  # standalone is one node
+    assert planned_world_size(["--nnodes=1:4", "--nproc_per_node=2"]) is None
+
+
 @pytest.mark.parametrize("value, problem", [("0", "no process to start"), ("two", "Unsupported nproc_per_node value")])
 def test_a_launch_with_no_process_to_start_is_one_error_line(value, problem, tmp_path, data_dir, capsys):
     args = [f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]
