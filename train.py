@@ -268,9 +268,10 @@ def config_notes(run):
                      (f"; --init_from=resume evaluates {run.out_dir / CHECKPOINT_NAME}"
                       if (run.out_dir / CHECKPOINT_NAME).exists() else ""))
     elif c["decay_lr"] and c["max_iters"] < c["lr_decay_iters"]:
+        fix = "lr_decay_iters=max_iters" + (", and warmup_iters below it," if c["warmup_iters"] >= c["max_iters"] else "")
         notes.append(f"the run stops at max_iters={c['max_iters']}, before its learning-rate schedule ends "
                      f"(warmup_iters={c['warmup_iters']}, lr_decay_iters={c['lr_decay_iters']}): its last step's rate "
-                     f"is {get_lr(c['max_iters'] - 1, c):.2e} (set lr_decay_iters=max_iters to decay within the run)")
+                     f"is {get_lr(c['max_iters'] - 1, c):.2e} (set {fix} to decay within the run)")
     if run.device == "cpu" and run.dtype == "float16":
         notes.append("float16 on the CPU is emulated, many times slower than float32 or bfloat16")
     return notes
