@@ -9,8 +9,8 @@ The attention variant and the model's shape come from the checkpoint; the tokeni
 or GPT-2 BPE) from the dataset's meta.json, which the checkpoint carries under "meta" (older
 checkpoints: read from config["data_dir"]; NanoGPT's own: its data/<dataset>/meta.pkl). Generation
 uses the model's KV cache unless --no_kv_cache is given; --compile decodes through torch.compile (on
-a GPU, a CUDA graph per token: worth its warm-up for long generations). The tokens/s of the whole run
-are printed at the end.
+a GPU, a CUDA graph per token: worth its warm-up for long generations). Only the samples go to stdout
+(`python sample.py ... > samples.txt`); the tokens/s of the whole run, and any note, go to stderr.
 """
 import argparse
 import sys
@@ -164,7 +164,8 @@ def main(argv=None):
     print(
         f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s "
         f"({info['attention']} attention, {info['tokenizer']} tokenizer, {device}, {dtype}, "
-        f"KV cache {'off' if args.no_kv_cache else 'on'}{', compiled' if args.compile else ''})"
+        f"KV cache {'off' if args.no_kv_cache else 'on'}{', compiled' if args.compile else ''})",
+        file=sys.stderr,
     )
     return 0
 
