@@ -1,7 +1,7 @@
 """
 Where and in what precision a model runs: device and dtype choice ('auto' included), autocast, the
 peak FLOP/s that MFU is measured against, the CPU threads, and the process-level pieces of a run
-(stop signals, peak memory). Shared by train.py, sample.py, eval_hellaswag.py and the benchmarks, so
+(stop signals, peak memory, how a command-line script exits). Shared by train.py, sample.py, eval_hellaswag.py and the benchmarks, so
 that 'auto' means the same thing everywhere.
 """
 import contextlib
@@ -194,6 +194,23 @@ def sigterm_as_ctrl_c():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def run_script(main, ctrl_c):
+    """sys.exit(main()) for a command-line script, ending as a Unix tool does rather than with a traceback:
+    a Ctrl-C that main leaves to us prints `ctrl_c` (one line: what was kept, if anything) on stderr and
+    exits with status 130 (128 + SIGINT); a stdout its reader closed early (`python sample.py | head -3`)
+    exits quietly with status 141 (128 + SIGPIPE, what a shell shows for a tool a closed pipe ended)."""
+    try:
+        code = main()
+        sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's last flush
+    except KeyboardInterrupt:
+        print(ctrl_c, file=sys.stderr)
+        code = 130
+    except BrokenPipeError:  # the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush is quiet too
+        code = 141
+    sys.exit(code)
 
 
 class CpuThreads:

@@ -21,7 +21,7 @@ import torch
 
 from checkpoint import add_model_arguments, load_model_and_tokenizer
 from generate import check_sampling
-from runtime import CpuThreads, autocast_context, resolve_device, resolve_dtype, synchronize
+from runtime import CpuThreads, autocast_context, resolve_device, resolve_dtype, run_script, synchronize
 
 
 class SampleError(RuntimeError):
@@ -171,4 +171,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "stopped by Ctrl-C; no sample was printed (they are printed once all are generated)")

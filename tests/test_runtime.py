@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from runtime import StopSignals, autocast_context, gpu_peak_flops, peak_flops, resolve_device, resolve_dtype
+from runtime import (StopSignals, autocast_context, gpu_peak_flops, peak_flops, resolve_device, resolve_dtype,
+                     run_script)
 
 
 @pytest.mark.parametrize("name, flops", [
@@ -78,6 +79,19 @@ def test_a_repeated_sigterm_still_saves_first_and_a_second_ctrl_c_stops_at_once(
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored on the way out
+
+
+def test_a_script_exits_with_mains_status_and_a_ctrl_c_is_one_line_and_130(capsys):
+    with pytest.raises(SystemExit) as exit:
+        run_script(lambda: 3, "stopped by Ctrl-C")
+    assert exit.value.code == 3
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit:
+        run_script(interrupted, "stopped by Ctrl-C; nothing was written")
+    assert exit.value.code == 130 and capsys.readouterr().err == "stopped by Ctrl-C; nothing was written\n"
 
 
 def test_autocast_only_for_half_precision():

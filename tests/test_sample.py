@@ -3,6 +3,7 @@ import collections
 import os
 import pickle
 import re
+import runpy
 import subprocess
 import sys
 
@@ -248,6 +249,38 @@ def test_command_line_prints_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "sample.py"), "--out_dir", str(tmp_path / "nowhere")],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 1 and proc.stderr.startswith("error: no checkpoint") and "Traceback" not in proc.stderr
+
+
+def test_a_ctrl_c_while_generating_is_one_line_and_status_130(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GPT, "generate", interrupted)
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--out_dir={write_checkpoint(tmp_path)}", "--max_new_tokens=3"])
+    with pytest.raises(SystemExit) as exit:
+        try:
+            runpy.run_path(str(REPO / "sample.py"), run_name="__main__")  # the script as the command line runs it
+        except KeyboardInterrupt:  # let through, it would stop pytest itself
+            pytest.fail("the Ctrl-C ended sample.py with a KeyboardInterrupt traceback")
+    assert exit.value.code == 130
+    assert capsys.readouterr() == ("", "stopped by Ctrl-C; no sample was printed (they are printed once all are "
+                                       "generated)\n")
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_samples_into_a_closed_pipe_are_quiet(tmp_path, unbuffered):
+    """`python sample.py | head -3`: head may exit before the samples are written, which is no error. Its
+    stdout buffered, sample.py finds the closed pipe at the end; unbuffered, at its first sample."""
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    child = subprocess.Popen([sys.executable, str(REPO / "sample.py"), f"--out_dir={write_checkpoint(tmp_path)}",
+                              "--max_new_tokens=3", "--threads=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+    child.stdout.close()  # before the child has imported torch, so its first write finds no reader
+    err = child.stderr.read()
+    child.stderr.close()
+    assert child.wait(timeout=120) == 141
+    speed = r"9 tokens in [\d.]+ s: .*\n"  # on stderr, where it is written before the samples are flushed
+    assert re.fullmatch(speed if not unbuffered else "", err), err  # and no traceback
 
 
 @pytest.mark.slow
