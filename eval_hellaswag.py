@@ -437,7 +437,8 @@ def _default_output(args):
 
 def check_writable(output):
     """Raise HellaSwagError unless the results file can be written, so that an evaluation (hours on
-    the full set) never runs only to lose its results. Leaves no file behind."""
+    the full set) never runs only to lose its results. Leaves no file behind. Returns a note to print
+    where the file holds an earlier evaluation's results, else ""."""
     output = Path(output)
     if output.is_dir():
         raise HellaSwagError(f"the results file --output={output} is a folder: name a file in it")
@@ -454,10 +455,11 @@ def check_writable(output):
                              f"pass --output with a writable path") from None
     if not existed:
         output.unlink()
-    else:  # an earlier evaluation's: replaced when this one ends, as a rerun expects, but said
-        earlier = json.loads(output.read_text(encoding="utf-8"))
-        print(f"note: {output} holds an earlier evaluation's results ({earlier['n']} examples of "
-              f"{earlier['settings'].get('data_file', '?')}), which this one's will replace", file=sys.stderr)
+        return ""
+    # an earlier evaluation's: replaced when this one ends, as a rerun expects, but said
+    earlier = json.loads(output.read_text(encoding="utf-8"))
+    return (f"note: {output} holds an earlier evaluation's results ({earlier['n']} examples of "
+            f"{earlier['settings'].get('data_file', '?')}), which this one's will replace")
 
 
 def is_results_file(path, max_bytes=1 << 20):
@@ -539,8 +541,8 @@ def find_data_file(data_file, cache_dir, rank=0, launched=False):
 def run_evaluation(args, output, launched):
     """Everything main does on every rank before reporting: the results with their "settings" on
     rank 0, None on the others. What can be checked quickly is checked before anything slow starts."""
-    if int(os.environ.get("RANK", "0")) == 0:  # the rank that writes the results
-        check_writable(output)
+    # on the rank that writes the results; an earlier evaluation's there is said once every check has passed
+    replacing = check_writable(output) if int(os.environ.get("RANK", "0")) == 0 else ""
     rank, world_size, device = join_ranks(args.device) if launched else (0, 1, args.device)
     device, dtype = resolve_device_and_dtype(device, args.dtype)
     CpuThreads(args.threads, device)  # on CPU: as many threads as other processes leave cores free
@@ -557,6 +559,8 @@ def run_evaluation(args, output, launched):
               + (f", {world_size} ranks" if launched else ""), file=sys.stderr)
         if tokenizer.kind == "char":
             print("note: a character-level model: HellaSwag is scored, but the numbers mean little", file=sys.stderr)
+        if replacing:
+            print(replacing, file=sys.stderr)
     t0 = time.time()
     results = evaluate(model, examples, tokenizer, device, batch_size=args.batch_size, dtype=dtype,
                        rank=rank, world_size=world_size, progress=not args.no_progress and rank == 0)

@@ -579,6 +579,20 @@ def test_an_output_that_is_not_an_earlier_results_file_is_never_overwritten(tmp_
             f"one's will replace") in capsys.readouterr().err
 
 
+def test_an_earlier_results_file_is_noted_only_once_the_checks_have_passed(tmp_path, hellaswag_file, capsys):
+    """A run refused for a bad argument replaces nothing, so it must not say it will."""
+    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
+    results = tmp_path / "r.json"
+    args = ["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--output", str(results), "--no_progress"]
+    assert eh.main([*args, "--limit", "1"]) == 0
+    capsys.readouterr()
+    assert eh.main([*args, "--batch_size", "0"]) == 1
+    assert capsys.readouterr().err == "error: batch_size=0 must be at least 1\n"
+    assert eh.main([*args, "--data_file", str(tmp_path / "missing.jsonl")]) == 1
+    assert capsys.readouterr().err == f"error: HellaSwag data file {tmp_path / 'missing.jsonl'} does not exist\n"
+    assert json.loads(results.read_text())["n"] == 1
+
+
 def test_a_failed_write_keeps_the_printed_results(tmp_path, hellaswag_file, capsys, monkeypatch):
     save_char_checkpoint(tiny_gpt("standard"), tmp_path)
     output = tmp_path / "r.json"
