@@ -53,7 +53,7 @@ import torch
 
 from atomic import atomic_file, why_not_writable, write_text_atomic
 from checkpoint import add_model_arguments, existing_checkpoint_path, load_model_and_tokenizer
-from runtime import CpuThreads, autocast_context, resolve_device, resolve_device_and_dtype
+from runtime import CpuThreads, autocast_context, resolve_device, resolve_device_and_dtype, run_script
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_FILENAME = "hellaswag_val.jsonl"
@@ -474,7 +474,19 @@ def is_results_file(path, max_bytes=1 << 20):
 
 
 def report(results, output):
-    """Print the accuracies, then write the results JSON; printed first, they survive a failed write."""
+    """Write the results JSON, then print the accuracies: a reader that stops reading early
+    (`| head -1`, which ends the printing) loses no results, and a failed write still shows them."""
+    try:
+        write_text_atomic(output, json.dumps(results, indent=2) + "\n")
+    except OSError as e:
+        print_accuracies(results)
+        raise HellaSwagError(f"cannot write the results file {output} ({e.strerror}); "
+                             f"the accuracies are printed above") from None
+    print_accuracies(results)
+    print(f"results written to {output}")
+
+
+def print_accuracies(results):
     for m in METRICS:
         if results[m] is None:
             print(f"{m:>14}: n/a (needs {', '.join(HARNESS_FIELDS)} in every example)")
@@ -482,12 +494,6 @@ def report(results, output):
             print(f"{m:>14}: {results[m]:.4f}  ({results['correct'][m]}/{results['n']})")
     if results["n_endings_truncated"]:
         print(f"note: {results['n_endings_truncated']} endings were longer than block_size and only partly scored")
-    try:
-        write_text_atomic(output, json.dumps(results, indent=2) + "\n")
-    except OSError as e:
-        raise HellaSwagError(f"cannot write the results file {output} ({e.strerror}); "
-                             f"the accuracies are printed above") from None
-    print(f"results written to {output}")
 
 
 # -----------------------------------------------------------------------------
@@ -603,4 +609,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "stopped by Ctrl-C; no results written (they are written whole, once every example is scored)")

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -591,6 +592,50 @@ def test_an_earlier_results_file_is_noted_only_once_the_checks_have_passed(tmp_p
     assert eh.main([*args, "--data_file", str(tmp_path / "missing.jsonl")]) == 1
     assert capsys.readouterr().err == f"error: HellaSwag data file {tmp_path / 'missing.jsonl'} does not exist\n"
     assert json.loads(results.read_text())["n"] == 1
+
+
+def test_a_ctrl_c_while_scoring_is_one_line_and_leaves_the_results_file_as_it_was(tmp_path, hellaswag_file, capsys,
+                                                                                  monkeypatch):
+    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
+    output = tmp_path / "r.json"
+    argv = ["eval_hellaswag.py", "--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--output",
+            str(output), "--no_progress"]
+    assert eh.main([*argv[1:], "--limit", "1"]) == 0
+    earlier, files = output.read_bytes(), sorted(tmp_path.iterdir())
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GPT, "forward", interrupted)
+    monkeypatch.setattr(sys, "argv", argv)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        try:
+            runpy.run_path(str(REPO / "eval_hellaswag.py"), run_name="__main__")  # as the command line runs it
+        except KeyboardInterrupt:  # let through, it would stop pytest itself
+            pytest.fail("the Ctrl-C ended eval_hellaswag.py with a KeyboardInterrupt traceback")
+    assert exit.value.code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == ("stopped by Ctrl-C; no results written (they are written "
+                                                        "whole, once every example is scored)")
+    assert output.read_bytes() == earlier and sorted(tmp_path.iterdir()) == files
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_results_into_a_closed_pipe_are_written_and_quiet(tmp_path, hellaswag_file, unbuffered):
+    """`python eval_hellaswag.py ... | head -1`: head may exit before the accuracies are printed, which is
+    no error, and loses no results. Unbuffered, the first print finds the pipe closed; buffered, the exit."""
+    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
+    output = tmp_path / "r.json"
+    child = subprocess.Popen([sys.executable, str(REPO / "eval_hellaswag.py"), "--out_dir", str(tmp_path),
+                              "--data_file", str(hellaswag_file), "--output", str(output), "--no_progress",
+                              "--threads=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": unbuffered})
+    child.stdout.close()  # before the child has imported torch, so its first write finds no reader
+    err = child.stderr.read()
+    child.stderr.close()
+    assert child.wait(timeout=120) == 141
+    assert [line.split(":")[0] for line in err.splitlines()] == ["HellaSwag", "note"], err  # no traceback
+    assert json.loads(output.read_text())["n"] == len(FILE_KINDS)
 
 
 def test_a_failed_write_keeps_the_printed_results(tmp_path, hellaswag_file, capsys, monkeypatch):
