@@ -150,10 +150,20 @@ def settings_changed(recorded, settings):
     if not recorded or settings is None:
         return ""
     then, now = recorded["config"], settings["config"]
-    changed = [f"{key}={then[key]!r} then, {now[key]!r} now" for key in now if key in then and then[key] != now[key]]
+    changed = changes(then, now, [key for key in now if key in then])
     if recorded["data"] != settings["data"]:
         changed.append("the data's meta.json")
     return ", ".join(changed)
+
+
+def changes(then, now, keys):
+    """'key=1 then, 2 now' for each of keys whose value differs between two dicts ('key not given then,
+    2 now', 'key=1 then, not given now' where one lacks it)."""
+    def was(key):
+        return f"{key}={then[key]!r}" if key in then else f"{key} not given"
+
+    return [f"{was(key)} then, {repr(now[key]) if key in now else 'not given'} now" for key in keys
+            if (key in then, then.get(key)) != (key in now, now.get(key))]
 
 
 def model_flops_per_token(c):
@@ -204,7 +214,7 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
     train_args = [config_file, *overrides, *(format_override(key, value) for key, value in settings.items())]
     probed = planned_settings(resolved_config(config_file, train_args[1:]))
     record, summary = read_json(probe_dir / RECORD_NAME), read_json(probe_dir / SUMMARY_NAME)
-    if not (record and record["launcher"] == launcher and same_plan(record["train_args"], train_args)
+    if not (record and record["launcher"] == launcher and not arguments_changed(record["train_args"], train_args)
             and record.get("settings") and not settings_changed(record["settings"], probed)
             and completed(summary, probe_iters)):
         shutil.rmtree(probe_dir, ignore_errors=True)
@@ -389,16 +399,24 @@ def shell_join(words):
                     for word in words)
 
 
-def same_plan(recorded_args, train_args):
-    """Whether two train.py argument lists name the same config file and override values, however the
-    values are spelled (a folder recorded with --attention='standard' holds the plan --attention=standard)."""
-    def settings(args):
-        return args[0], dict(parse_override(arg) for arg in args[1:])
+def arguments_changed(recorded_args, train_args):
+    """What differs between two train.py argument lists, in words ('max_iters=20 then, 30 now'): "" when
+    they name the same config file and override values, however the values are spelled (a folder
+    recorded with --attention='standard' holds the plan --attention=standard)."""
+    then, now = argument_values(recorded_args), argument_values(train_args)
+    return ", ".join(changes(then, now, list(dict.fromkeys([*then, *now]))))
 
-    try:
-        return settings(recorded_args) == settings(train_args)
-    except ConfigError:  # a recorded key train.py no longer knows: another plan
-        return False
+
+def argument_values(args):
+    """{'config': the config file, key: value of each --key=value}, the values as train.py reads them."""
+    values = {"config": args[0]}
+    for arg in args[1:]:
+        try:
+            key, value = parse_override(arg)
+        except ConfigError:  # recorded, but a key or value train.py no longer takes: its text, unlike any plan's
+            key, _, value = arg.lstrip("-").partition("=")
+        values[key] = value
+    return values
 
 
 def run_status(run):
@@ -410,8 +428,9 @@ def run_status(run):
             raise SweepError(f"{run.run_dir} holds a training run ({', '.join(found)}) that this sweep did not plan "
                              f"(it has no {RECORD_NAME}): move it away, or choose another --out_dir")
         return "new"
-    if not same_plan(record["train_args"], run.train_args):
-        raise SweepError(f"{run.run_dir} holds a run planned with other settings (its {RECORD_NAME} differs): "
+    changed = arguments_changed(record["train_args"], run.train_args)
+    if changed:
+        raise SweepError(f"{run.run_dir} holds a run planned with other settings (by its {RECORD_NAME}: {changed}): "
                          f"rerun the command that made it, or choose another --out_dir")
     changed = settings_changed(record.get("settings"), run.settings)
     if changed:

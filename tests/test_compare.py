@@ -159,11 +159,14 @@ def test_a_printed_train_command_reads_back_as_the_planned_values():
 
 def test_a_run_recorded_with_quoted_values_is_the_same_plan():
     planned = ["config.py", "--attention=standard", "--out_dir=/tmp/out", "--learning_rate=0.001"]
-    assert sweep.same_plan(["config.py", "--attention='standard'", "--out_dir='/tmp/out'", "--learning_rate=1e-3"],
-                              planned)
-    assert not sweep.same_plan(["config.py", "--attention=efficient", "--out_dir=/tmp/out",
-                                   "--learning_rate=0.001"], planned)
-    assert not sweep.same_plan(["config.py", "--attention=standard", "--out_dir=/tmp/out"], planned)
+    assert sweep.arguments_changed(["config.py", "--attention='standard'", "--out_dir='/tmp/out'",
+                                    "--learning_rate=1e-3"], planned) == ""
+    assert sweep.arguments_changed(["config.py", "--attention=efficient", "--out_dir=/tmp/out",
+                                    "--learning_rate=0.001"], planned) == "attention='efficient' then, 'standard' now"
+    assert sweep.arguments_changed(["other.py", "--attention=standard", "--out_dir=/tmp/out"], planned) == (
+        "config='other.py' then, 'config.py' now, learning_rate not given then, 0.001 now")
+    # a key train.py no longer takes is another plan, named as it was recorded
+    assert sweep.arguments_changed([*planned, "--gone_key=3"], planned) == "gone_key='3' then, not given now"
 
 
 # -----------------------------------------------------------------------------
@@ -912,7 +915,10 @@ def test_a_rerun_with_other_settings_is_refused(tiny_run, capsys):
     config, out_dir = tiny_run
     assert compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", "--max_iters=2"]) == 0
     assert compare.main([str(config), "--variants=efficient", f"--out_dir={out_dir}", "--max_iters=3"]) == 1
-    assert "planned with other settings" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"error: {out_dir.resolve() / 'efficient-seed0'} holds a run planned with other settings (by its "
+        f"compare_run.json: max_iters=2 then, 3 now, lr_decay_iters=2 then, 3 now, eval_interval=2 then, 3 now): "
+        f"rerun the command that made it, or choose another --out_dir\n")
     assert json.loads((out_dir / "efficient-seed0" / "summary.json").read_text())["iterations"] == 2
 
 
