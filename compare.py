@@ -52,7 +52,7 @@ from configurator import DEFAULT_CONFIG
 from data import config_data_dir
 from eval_hellaswag import HellaSwagError, check_encodable, evaluate_checkpoint, load_examples
 from model import ATTENTION_CLASSES, ATTENTION_VARIANTS
-from runtime import sigterm_as_ctrl_c
+from runtime import run_script, sigterm_as_ctrl_c
 from tokenizer import TokenizerUnavailableError, read_meta, tokenizer_from_meta
 
 HELLASWAG_NAME = "compare_hellaswag.json"  # in each run's folder: its scores, and what they score
@@ -339,4 +339,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "stopped by Ctrl-C; rerun the same command to continue (finished runs are skipped)")

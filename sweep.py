@@ -377,9 +377,30 @@ class SignalForwarder:
         # same file for train.py as for the plan
         self.process = subprocess.Popen(command, start_new_session=True, **popen_args)
         try:
+            if self.process.stdout is not None:  # stdout=subprocess.PIPE: its output passed on by us
+                relay_output(self.process)
             return self.process.wait()
         finally:
             self.process = None
+
+
+def relay_output(process):
+    """Pass a train.py's output on to our stdout, line by line: a train.py given our stdout itself would
+    fail with a traceback, losing its steps since the last checkpoint, where the reader closes it early
+    (`python compare.py | head -2`). Here the run is then stopped as a SIGTERM stops it (a checkpoint
+    once it trains, silence before; a SIGINT while it starts up would end it with a traceback), its
+    remaining output dropped, and BrokenPipeError raised once it has exited: the sweep ends there, as
+    runtime.run_script ends it, and a rerun resumes the run."""
+    with process.stdout as output:
+        for line in output:
+            try:
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
+            except BrokenPipeError:
+                process.terminate()
+                output.read()  # until it exits: what it still writes must not fill the pipe and block it
+                process.wait()
+                raise
 
 
 def read_json(path):
@@ -482,7 +503,7 @@ def train_once(run, status, launcher, forwarder):
     print(shell_join(command), flush=True)
     written_before = file_version(run.run_dir / SUMMARY_NAME)
     checkpoint_before = file_version(run.run_dir / CHECKPOINT_NAME)
-    code = forwarder.run(command)
+    code = forwarder.run(command, stdout=subprocess.PIPE)
     # an earlier segment's summary is none of this process's: it wrote none ("nothing to train")
     fresh = file_version(run.run_dir / SUMMARY_NAME) not in (None, written_before)
     summary = read_json(run.run_dir / SUMMARY_NAME) if fresh else None

@@ -1150,6 +1150,59 @@ def test_an_interrupted_sweep_finishes_on_rerun_without_repeating_a_run(tiny_run
     assert resumed["wall_time_s"] > interrupted["wall_time_s"]  # both segments counted
 
 
+@pytest.mark.slow
+def test_a_sweep_into_a_closed_pipe_stops_quietly_and_resumes_on_rerun(tiny_run, capsys):
+    """`python compare.py ... | head -2`: the reader may close the pipe at the plan, or while a train.py
+    runs, whose output compare.py passes on; either ends the sweep without a traceback, and a rerun goes on."""
+    config, out_dir = tiny_run
+    argv = [str(config), "--variants=efficient", "--max_iters=300", f"--out_dir={out_dir}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    at_plan = subprocess.Popen([sys.executable, "compare.py", *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    at_plan.stdout.close()  # before the child has imported torch, so its first write finds no reader
+    assert at_plan.wait(timeout=120) == 141 and at_plan.stderr.read() == ""
+    at_plan.stderr.close()
+    assert not (out_dir / "efficient-seed0").exists()
+
+    while_training = subprocess.Popen([sys.executable, "compare.py", *argv], cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in while_training.stdout:
+        if line.startswith("iter 5:"):  # train.py's, passed on
+            break
+    while_training.stdout.close()
+    assert while_training.wait(timeout=120) == 141 and "Traceback" not in while_training.stderr.read()
+    while_training.stderr.close()
+    stopped = json.loads((out_dir / "efficient-seed0" / "summary.json").read_text())
+    assert stopped["stop_reason"] == "SIGTERM" and 5 <= stopped["iterations"] < 300
+
+    assert compare.main(argv) == 0 and "(resuming)" in capsys.readouterr().out
+    assert json.loads((out_dir / "efficient-seed0" / "summary.json").read_text())["iterations"] == 300
+
+
+def test_a_closed_stdout_stops_the_running_train_py_as_a_sigterm_does(tmp_path, monkeypatch):
+    """The reader of compare.py's output gone, the train.py whose output it passes on is stopped (and saves),
+    rather than left to fail at its next line with a traceback, losing its steps since the last checkpoint."""
+    saved = tmp_path / "saved"
+    child = tmp_path / "train_stand_in.py"
+    child.write_text("import signal, sys, time\n"
+                     "def save_and_stop(*_):\n"
+                     f"    open({str(saved)!r}, 'w').write('SIGTERM')\n"
+                     "    print('saved a checkpoint', flush=True)\n"
+                     "    sys.exit(0)\n"
+                     "signal.signal(signal.SIGTERM, save_and_stop)\n"
+                     "for _ in range(300):  # some 3 s of training, its output within a pipe's buffer\n"
+                     "    print('iter', flush=True)\n"
+                     "    time.sleep(0.01)\n")
+
+    def broken_pipe(*args):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", SimpleNamespace(buffer=SimpleNamespace(write=broken_pipe, flush=broken_pipe)))
+    with sweep.SignalForwarder() as forwarder, pytest.raises(BrokenPipeError):
+        forwarder.run([sys.executable, str(child)], stdout=subprocess.PIPE)
+    assert saved.read_text() == "SIGTERM"
+
+
 def test_loss_axis_leaves_out_only_the_start_of_each_run():
     # a run logged every 100 iterations and evaluated at 0 and at its end, as the compute-matched study is
     train = [{"type": "train", "iter": i, "loss": 4.5 - i / 400} for i in range(0, 801, 100)]
