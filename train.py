@@ -29,7 +29,6 @@ the resume point is the folder ckpt_sharded/ (every rank writes its shards; dist
 """
 
 import math
-import os
 import sys
 import time
 import uuid
@@ -48,7 +47,8 @@ from data import Batches, DataError, check_data, choose_vocab_size, config_data_
 from launcher import LaunchError, launch, planned_world_size, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
 from runlog import NO_EARLIER_PROCESS, RunLog, read_summary, run_totals, trim_log, write_summary
-from runtime import CpuThreads, StopSignals, autocast_context, peak_flops, resolve_device, resolve_dtype
+from runtime import (CpuThreads, StopSignals, autocast_context, peak_flops, resolve_device, resolve_dtype,
+                     run_script)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -670,18 +670,10 @@ def log_step(run, loss, lr, dt):
                    "tokens_per_s": tokens_per_s, "mfu": mfu, "elapsed_s": run.wall_time()})
 
 
-def print_help():
-    try:
-        print(f"{__doc__.strip()}\n\nconfig keys, their defaults and meanings (choices in brackets):\n{help_text()}",
-              flush=True)
-    except BrokenPipeError:  # `python train.py --help | head` closed the pipe: it read what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush is quiet too
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
-        print_help()
+        print(f"{__doc__.strip()}\n\nconfig keys, their defaults and meanings (choices in brackets):\n{help_text()}")
         return 0
     set_by = {}
     try:
@@ -709,5 +701,5 @@ def main(argv=None):
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `train.py --help | head`: a closed stdout ends it quietly
+    run_script(main, "error: stopped by Ctrl-C")
