@@ -17,6 +17,7 @@ from collections import Counter
 import numpy as np
 
 from atomic import write_text_atomic
+from runlog import setup_of
 from sweep import read_log
 
 MIN_COMPUTE_SPAN = 1.25  # a fit of loss on compute needs sizes whose training FLOPs differ by more than this factor
@@ -589,9 +590,10 @@ def plot_learning_rates(plt, summaries, labels, variants, best, path):
 # the report
 
 def mixed_setups_note(summaries):
-    """A note for runs that trained on different set-ups (a sweep resumed on another machine, or under
-    another --launcher): their losses compare, their speed, time and memory do not. '' if all alike."""
-    counts = Counter(f"{s['world_size']} x {s['device'].split(':')[0]}, {s['dtype']}" for s in summaries)
+    """A note for runs that trained on different set-ups (a sweep, or one run, resumed on another machine
+    or under another --launcher): their losses compare, their speed, time and memory do not. '' if all
+    alike. A run's set-ups are its summary's (those of its last process before they were recorded)."""
+    counts = Counter(setup for s in summaries for setup in s.get("setups") or [setup_of(s)])
     if len(counts) < 2:
         return ""
     setups = "; ".join(f"{n} on {setup}" for setup, n in counts.items())

@@ -79,20 +79,30 @@ def read_summary(out_dir):
         return None
 
 
-NO_EARLIER_PROCESS = {"wall_time_s": 0.0, "timed_steps": 0, "timed_seconds": 0.0, "peak_memory_bytes": None}
+NO_EARLIER_PROCESS = {"wall_time_s": 0.0, "timed_steps": 0, "timed_seconds": 0.0, "peak_memory_bytes": None,
+                      "setups": []}
+
+
+def setup_of(summary):
+    """'2 x cuda, bfloat16': what a process trained on, as far as its speed, time and memory go."""
+    return f"{summary['world_size']} x {summary['device'].split(':')[0]}, {summary['dtype']}"
 
 
 def run_totals(run):
     """The run's wall time, timed steps and peak memory over its processes so far: this one's, plus the
     earlier ones' up to the checkpoint it resumed from (a killed process's steps past that checkpoint
-    are redone, so they are not the run's). A checkpoint carries these, so that a resume goes on counting."""
+    are redone, so they are not the run's), and the set-ups they trained on (a resume may move to another
+    machine, which mixes speeds). A checkpoint carries these, so that a resume goes on counting."""
     earlier = run.earlier_processes
     timed = run.step_times[1:]  # each process's first step pays for its warm-up / compile
     memory = [m for m in (earlier["peak_memory_bytes"], peak_memory_bytes(run.device)) if m is not None]
+    setup = setup_of({"world_size": run.world_size, "device": run.device, "dtype": run.dtype})
+    setups = earlier.get("setups", [])  # checkpoints from before it: none known
     return {"wall_time_s": run.wall_time(),
             "timed_steps": earlier["timed_steps"] + len(timed),
             "timed_seconds": earlier["timed_seconds"] + sum(timed),
-            "peak_memory_bytes": max(memory, default=None)}
+            "peak_memory_bytes": max(memory, default=None),
+            "setups": setups + [setup] * (setup not in setups)}
 
 
 def last_evaluation(summary):
@@ -135,6 +145,7 @@ def write_summary(run):
         "device": run.device,
         "dtype": run.dtype,
         "world_size": run.world_size,
+        "setups": totals["setups"],
         "compile": run.c["compile"],
         "num_threads": torch.get_num_threads(),
         "out_dir": str(run.out_dir),

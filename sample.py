@@ -159,6 +159,7 @@ def main(argv=None):
     for text in texts:
         print(text)
         print("---------------")
+    sys.stdout.flush()  # the samples before the speed line, where both go to one file (2>&1)
     n_tokens = args.num_samples * args.max_new_tokens
     rate = n_tokens / seconds if seconds > 0 else float("inf")
     print(

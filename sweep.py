@@ -311,8 +311,8 @@ def plan_size(args, overrides, shape, out_dir):
                          f"must be at least 1 (it is {c['max_iters']}): set --max_iters")
     if c["eval_only"]:
         raise SweepError("eval_only=True: a sweep trains every run (each would stop with nothing to evaluate); drop "
-                         "it, and evaluate one finished run with python train.py --init_from=resume --eval_only=True "
-                         "--out_dir=<its folder>")
+                         "it, and evaluate one finished run with its own command (printed as it ran), plus "
+                         "--init_from=resume --eval_only=True")
     costs = variant_costs(args, overrides + shape_args, c, label, out_dir)
     budget = args.budget or costs[args.reference][1] * c["max_iters"]
     runs = {}
@@ -388,19 +388,23 @@ def relay_output(process):
     """Pass a train.py's output on to our stdout, line by line: a train.py given our stdout itself would
     fail with a traceback, losing its steps since the last checkpoint, where the reader closes it early
     (`python compare.py | head -2`). Here the run is then stopped as a SIGTERM stops it (a checkpoint
-    once it trains, silence before; a SIGINT while it starts up would end it with a traceback), its
+    once it trains, silence before; a SIGINT while it imports torch would end it with a traceback), its
     remaining output dropped, and BrokenPipeError raised once it has exited: the sweep ends there, as
-    runtime.run_script ends it, and a rerun resumes the run."""
+    runtime.run_script ends it, and a rerun resumes the run. Any other write error (a full disk under
+    `> sweep.log`) stops the run the same way, and is a RunFailed."""
     with process.stdout as output:
         for line in output:
             try:
                 sys.stdout.buffer.write(line)
                 sys.stdout.buffer.flush()
-            except BrokenPipeError:
+            except OSError as e:
                 process.terminate()
                 output.read()  # until it exits: what it still writes must not fill the pipe and block it
                 process.wait()
-                raise
+                if isinstance(e, BrokenPipeError):
+                    raise
+                raise RunFailed(f"writing compare.py's output failed ({e}), so the running train.py was stopped as a "
+                                f"SIGTERM stops it: fix that, then rerun the same command to resume") from None
 
 
 def read_json(path):
@@ -483,8 +487,11 @@ def diverged_in_a_learning_rate_sweep(run, summary):
 
 def record_run(run):
     """compare_run.json: the arguments the run was planned with, and what they resolved to. (A resumed
-    run's wall time, speed and memory over all its train.py processes are in its own summary.json.)"""
-    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps({"train_args": run.train_args, "settings": run.settings}))
+    run's wall time, speed and memory over all its train.py processes are in its own summary.json; a
+    record from before train.py kept them has its processes' own figures, its "segments", kept here.)"""
+    earlier = read_json(run.run_dir / RECORD_NAME) or {}
+    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps(
+        {"train_args": run.train_args, "settings": run.settings} | {k: v for k, v in earlier.items() if k == "segments"}))
 
 
 def file_version(path):
@@ -545,9 +552,28 @@ def check_finished(run, summary):
                         f"again")
 
 
+def with_earlier_segments(summary, record):
+    """A run a sweep resumed before train.py carried its totals: the segments its record kept (each
+    train.py process's own figures) make up its wall time, speed and memory. Where its last process
+    was one of them, the totals over them all; where a train.py that keeps totals resumed it later
+    (from a checkpoint without them, so its summary counts from there), their wall time added."""
+    segments = (record or {}).get("segments")
+    if not segments:
+        return summary
+    if "wall_time_this_run_s" in summary:
+        return summary | {"wall_time_s": summary["wall_time_s"] + sum(s["wall_time_s"] for s in segments)}
+    timed = [(max(s["iterations_this_run"] - 1, 1), s["mean_ms_per_iter"]) for s in segments
+             if s["mean_ms_per_iter"] is not None]  # each segment's first step is its warm-up
+    ms_per_iter = sum(n * ms for n, ms in timed) / sum(n for n, _ in timed) if timed else None
+    memory = [s["peak_memory_bytes"] for s in segments if s["peak_memory_bytes"] is not None]
+    return summary | {"wall_time_s": sum(s["wall_time_s"] for s in segments), "mean_ms_per_iter": ms_per_iter,
+                      "tokens_per_s": summary["tokens_per_iter"] / (ms_per_iter / 1000) if ms_per_iter else None,
+                      "peak_memory_bytes": max(memory, default=None)}
+
+
 def finished_summary(run):
     """A run's summary as the tables use it: its totals over every segment, and derived columns."""
-    summary = read_json(run.run_dir / SUMMARY_NAME)
+    summary = with_earlier_segments(read_json(run.run_dir / SUMMARY_NAME), read_json(run.run_dir / RECORD_NAME))
     summary |= {"size": run.size, "seed": run.seed, "training_flops": run.flops_per_token * summary["tokens_per_iter"]
                 * summary["iterations"], "tokens": summary["tokens_per_iter"] * summary["iterations"]}
     if run.learning_rate is not None:

@@ -267,7 +267,7 @@ def config_notes(run):
         notes.append("eval_only with init_from='scratch' evaluates a new, untrained model" +
                      (f"; --init_from=resume evaluates {run.out_dir / CHECKPOINT_NAME}"
                       if (run.out_dir / CHECKPOINT_NAME).exists() else ""))
-    elif c["decay_lr"] and c["max_iters"] < c["lr_decay_iters"]:
+    elif not c["eval_only"] and c["decay_lr"] and c["max_iters"] < c["lr_decay_iters"]:
         fix = "lr_decay_iters=max_iters" + (", and warmup_iters below it," if c["warmup_iters"] >= c["max_iters"] else "")
         notes.append(f"the run stops at max_iters={c['max_iters']}, before its learning-rate schedule ends "
                      f"(warmup_iters={c['warmup_iters']}, lr_decay_iters={c['lr_decay_iters']}): its last step's rate "
@@ -387,7 +387,7 @@ def restore(run, checkpoint):
     best = "none saved yet" if run.best_val_loss >= 1e9 else f"{run.best_val_loss:.4f}"
     run.say(f"resuming from {checkpoint['source']} at iteration {run.iter_num} (best val loss {best})")
     changed = [f"{key} {was!r} -> {run.c[key]!r}" for key, was in (checkpoint.get("config") or {}).items()
-               if key in run.c and key != "init_from" and was != run.c[key]]
+               if key in run.c and key not in ("init_from", "eval_only") and was != run.c[key]]
     if changed:  # a forgotten override resumes with another learning rate or batch, say: visible, not refused
         run.say(f"note: changed since the checkpoint: {', '.join(changed)}")
 

@@ -566,10 +566,14 @@ def test_runs_of_different_set_ups_are_noted_in_the_header(tiny_run, capsys):
     assert compare.main(argv) == 0
     assert "set-ups" not in (out_dir / "results.md").read_text()
     summary_path = out_dir / "efficient-seed0" / "summary.json"
-    summary_path.write_text(json.dumps(json.loads(summary_path.read_text()) | {"world_size": 2}))  # as torchrun's
+    summary_path.write_text(json.dumps(json.loads(summary_path.read_text()) | {"setups": ["2 x cpu, float32"]}))
     assert compare.main(argv) == 0
     assert ("**Note:** these runs trained on different set-ups (1 on 1 x cpu, float32; 1 on 2 x cpu, float32): "
             "their ms/iter") in (out_dir / "results.md").read_text()
+    alike = [{"setups": ["1 x cpu, float32"]}] * 2
+    assert frontier.mixed_setups_note(alike) == ""
+    one_run_moved = [alike[0], {"setups": ["1 x cpu, float32", "1 x cuda, bfloat16"]}]  # resumed on a GPU
+    assert "(2 on 1 x cpu, float32; 1 on 1 x cuda, bfloat16)" in frontier.mixed_setups_note(one_run_moved)
 
 
 def test_a_difference_within_two_standard_errors_is_a_tie():
@@ -1060,6 +1064,30 @@ def test_a_timing_probe_whose_train_py_alone_was_stopped_is_an_error(tiny_run, c
     assert not (out_dir / "probes" / "1x2x16" / "efficient" / sweep.RECORD_NAME).exists()  # probed again on rerun
 
 
+def test_a_run_resumed_before_train_py_kept_totals_counts_the_segments_its_record_kept():
+    """Records from then hold each train.py process's own figures, which only they still know."""
+    summary = {"tokens_per_iter": 1000, "wall_time_s": 2.0, "mean_ms_per_iter": 30.0, "tokens_per_s": 1000 / 0.03,
+               "peak_memory_bytes": 5}
+    segments = [{"wall_time_s": 100.0, "iterations_this_run": 101, "mean_ms_per_iter": 10.0, "peak_memory_bytes": 7},
+                {"wall_time_s": 2.0, "iterations_this_run": 3, "mean_ms_per_iter": 30.0, "peak_memory_bytes": 5}]
+    total = sweep.with_earlier_segments(summary, {"segments": segments})
+    ms = (100 * 10.0 + 2 * 30.0) / 102  # each segment's steps after its first
+    assert total["mean_ms_per_iter"] == pytest.approx(ms) and total["tokens_per_s"] == pytest.approx(1000 / ms * 1000)
+    assert total["wall_time_s"] == 102.0 and total["peak_memory_bytes"] == 7
+    assert sweep.with_earlier_segments(summary, {"train_args": []}) == summary  # a record of today's
+    # resumed since by a train.py that keeps totals, from a checkpoint without them: its summary counts from there
+    later = summary | {"wall_time_this_run_s": 2.0}
+    assert sweep.with_earlier_segments(later, {"segments": segments[:1]}) == later | {"wall_time_s": 102.0}
+
+
+def test_a_record_keeps_the_segments_it_had(tmp_path):
+    run = sweep.PlannedRun(size="1x2x16", variant="efficient", seed=0, iterations=10, schedule={}, flops_per_token=100,
+                           tokens_per_iter=64, run_dir=tmp_path, train_args=["tiny.py"])
+    (tmp_path / sweep.RECORD_NAME).write_text(json.dumps({"train_args": ["tiny.py"], "segments": [{"wall_time_s": 3.0}]}))
+    sweep.record_run(run)
+    assert json.loads((tmp_path / sweep.RECORD_NAME).read_text())["segments"] == [{"wall_time_s": 3.0}]
+
+
 def fake_train_launcher(folder):
     """A --launcher that trains nothing: it notes its arguments and writes the summary.json of a run that
     reached its --max_iters, one 20 ms step after another."""
@@ -1179,9 +1207,11 @@ def test_a_sweep_into_a_closed_pipe_stops_quietly_and_resumes_on_rerun(tiny_run,
     assert json.loads((out_dir / "efficient-seed0" / "summary.json").read_text())["iterations"] == 300
 
 
-def test_a_closed_stdout_stops_the_running_train_py_as_a_sigterm_does(tmp_path, monkeypatch):
-    """The reader of compare.py's output gone, the train.py whose output it passes on is stopped (and saves),
-    rather than left to fail at its next line with a traceback, losing its steps since the last checkpoint."""
+@pytest.mark.parametrize("error, raised", [(BrokenPipeError(errno.EPIPE, "Broken pipe"), BrokenPipeError),
+                                           (OSError(errno.ENOSPC, "No space left on device"), sweep.RunFailed)])
+def test_a_closed_stdout_stops_the_running_train_py_as_a_sigterm_does(tmp_path, monkeypatch, error, raised):
+    """The reader of compare.py's output gone (or its disk full), the train.py whose output it passes on is
+    stopped (and saves), rather than left to fail at its next line, losing its steps since the last checkpoint."""
     saved = tmp_path / "saved"
     child = tmp_path / "train_stand_in.py"
     child.write_text("import signal, sys, time\n"
@@ -1194,13 +1224,15 @@ def test_a_closed_stdout_stops_the_running_train_py_as_a_sigterm_does(tmp_path, 
                      "    print('iter', flush=True)\n"
                      "    time.sleep(0.01)\n")
 
-    def broken_pipe(*args):
-        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+    def failing(*args):
+        raise error
 
-    monkeypatch.setattr(sys, "stdout", SimpleNamespace(buffer=SimpleNamespace(write=broken_pipe, flush=broken_pipe)))
-    with sweep.SignalForwarder() as forwarder, pytest.raises(BrokenPipeError):
+    monkeypatch.setattr(sys, "stdout", SimpleNamespace(buffer=SimpleNamespace(write=failing, flush=failing)))
+    with sweep.SignalForwarder() as forwarder, pytest.raises(raised) as caught:
         forwarder.run([sys.executable, str(child)], stdout=subprocess.PIPE)
     assert saved.read_text() == "SIGTERM"
+    if raised is sweep.RunFailed:
+        assert str(caught.value).startswith("writing compare.py's output failed ([Errno 28] No space left on device)")
 
 
 def test_loss_axis_leaves_out_only_the_start_of_each_run():

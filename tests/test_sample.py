@@ -278,9 +278,17 @@ def test_samples_into_a_closed_pipe_are_quiet(tmp_path, unbuffered):
     child.stdout.close()  # before the child has imported torch, so its first write finds no reader
     err = child.stderr.read()
     child.stderr.close()
-    assert child.wait(timeout=120) == 141
-    speed = r"9 tokens in [\d.]+ s: .*\n"  # on stderr, where it is written before the samples are flushed
-    assert re.fullmatch(speed if not unbuffered else "", err), err  # and no traceback
+    assert child.wait(timeout=120) == 141 and err == ""  # no traceback, and no speed line after unwritten samples
+
+
+def test_the_speed_line_follows_the_samples_in_one_file(tmp_path):
+    """`python sample.py > out.txt 2>&1`, stdout buffered: the samples first, then the speed line."""
+    with open(tmp_path / "out.txt", "w") as out:
+        subprocess.run([sys.executable, str(REPO / "sample.py"), f"--out_dir={write_checkpoint(tmp_path)}",
+                        "--max_new_tokens=3", "--threads=1"], stdout=out, stderr=subprocess.STDOUT, check=True,
+                       env={**os.environ, "PYTHONUNBUFFERED": ""}, timeout=120)
+    lines = (tmp_path / "out.txt").read_text().splitlines()
+    assert lines[-2] == "---------------" and re.fullmatch(r"9 tokens in [\d.]+ s: .*", lines[-1]), lines
 
 
 @pytest.mark.slow

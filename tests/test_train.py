@@ -1332,6 +1332,8 @@ def test_what_a_config_asks_for_but_seldom_means_is_noted(tmp_path, data_dir, ca
     assert (f"note: eval_only with init_from='scratch' evaluates a new, untrained model; --init_from=resume "
             f"evaluates {tmp_path / 'out' / 'ckpt.pt'}") in out
     assert "note: float16 on the CPU is emulated, many times slower than float32 or bfloat16" in out
+    T.train({**cfg, "eval_only": True, "init_from": "resume"})  # trains nothing, and changes no setting
+    assert "note:" not in capsys.readouterr().out
 
 
 def test_a_resume_notes_the_settings_changed_since_its_checkpoint(tmp_path, data_dir, capsys):
@@ -1592,6 +1594,10 @@ def test_a_resumed_runs_wall_time_and_speed_count_its_kept_steps_once(tmp_path, 
     assert summary["mean_ms_per_iter"] == pytest.approx(sum(timed) / len(timed))
     times = [r["elapsed_s"] for r in read_log(out)]
     assert times == sorted(times) and times[-1] > kept["wall_time_s"]  # the resume goes on from the first's time
+    assert summary["setups"] == ["1 x cpu, float32"]
+    moved = T.train(tiny(tmp_path, data_dir, max_iters=10, eval_interval=2, init_from="resume", dtype="bfloat16"),
+                    verbose=False)
+    assert moved["setups"] == ["1 x cpu, float32", "1 x cpu, bfloat16"]  # its speed mixes the two
 
 
 # -----------------------------------------------------------------------------
