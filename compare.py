@@ -172,6 +172,9 @@ def check_launcher(parser, launcher):
     if shutil.which(words[0]) is None:
         parser.error(f"--launcher={launcher}: {words[0]!r} is not a program on PATH: check its spelling, or give "
                      f"its full path")
+    if any(Path(word).name == "train.py" for word in words):
+        parser.error(f"--launcher={launcher}: the launcher is the program that starts train.py (torchrun "
+                     f"--standalone --nproc_per_node=8, say): compare.py adds train.py and its arguments itself")
 
 
 def parse_learning_rates(parser, text):

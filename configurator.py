@@ -327,6 +327,17 @@ def resolve_config(config):
     return c
 
 
+def world_size_problem(c, world_size):
+    """Why the resolved config cannot train on world_size processes (under torchrun), or None."""
+    if c["gradient_accumulation_steps"] % world_size:
+        return (f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be divisible by "
+                f"the number of processes ({world_size}): the steps are split over them")
+    if c["parallelism"] == "fsdp" and c["eval_iters"] % world_size:  # each rank, as many sharded forwards
+        return (f"config key 'eval_iters'={c['eval_iters']} must be divisible by the number of FSDP processes "
+                f"({world_size}): every rank evaluates an equal share")
+    return None
+
+
 def _check_model(c):
     """The model owns these checks: GPTConfig's of the model keys (vocab_size comes from the data
     later, so a stand-in here), and which attention and shape OpenAI's weights have."""

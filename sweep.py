@@ -27,9 +27,10 @@ import torch
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
 from configurator import (MODEL_ARG_KEYS, ConfigError, format_override, get_config, naming_config_files,
-                          parse_override, resolve_config)
+                          parse_override, resolve_config, world_size_problem)
 from data import choose_vocab_size, config_data_dir
 from distributed import SHARDED_NAME
+from launcher import LaunchError, planned_world_size
 from model import GPT, GPTConfig
 from tokenizer import read_meta
 
@@ -204,14 +205,35 @@ def train_command(launcher, train_args):
     return (shlex.split(launcher) if launcher else [sys.executable]) + [str(REPO / "train.py"), *train_args]
 
 
+def train_arguments(config_file, overrides, own):
+    """train.py's arguments: the config file, the sweep's overrides, then the --key=value arguments the
+    sweep sets itself for this run (an override of the same key left out: each key is printed once)."""
+    keys = {arg[2:].split("=", 1)[0] for arg in own}
+    return [config_file, *(arg for arg in overrides if arg[2:].split("=", 1)[0] not in keys), *own]
+
+
+def launcher_world_size(launcher):
+    """How many train.py processes the sweep's --launcher starts: 1 without one; torchrun's count where
+    it is fixed; None where it is not known (an elastic --nnodes, a launcher of another kind)."""
+    if not launcher:
+        return 1
+    words = shlex.split(launcher)
+    torchrun_args = (words[1:] if Path(words[0]).name == "torchrun" else
+                     words[3:] if words[1:3] == ["-m", "torch.distributed.run"] else None)
+    try:
+        return None if torchrun_args is None else planned_world_size(torchrun_args)
+    except LaunchError as e:
+        raise SweepError(f"--launcher={launcher}: {e}") from None
+
+
 def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_iters, launcher):
     """Seconds per training step of this variant on this machine, launched as the runs will be, from a
     short train.py run kept in probe_dir, so that a rerun plans the same iterations. A probe of other
     settings (another batch size, launcher or probe length) is run again."""
     settings = dict(attention=variant, out_dir=str(probe_dir), max_iters=probe_iters, lr_decay_iters=probe_iters,
-                    warmup_iters=0, eval_interval=probe_iters, eval_iters=1, log_interval=probe_iters,
-                    always_save_checkpoint=False)
-    train_args = [config_file, *overrides, *(format_override(key, value) for key, value in settings.items())]
+                    warmup_iters=0, eval_interval=probe_iters, log_interval=probe_iters, always_save_checkpoint=False,
+                    eval_iters=launcher_world_size(launcher) or 1)  # one batch per process: FSDP splits them
+    train_args = train_arguments(config_file, overrides, [format_override(k, v) for k, v in settings.items()])
     probed = planned_settings(resolved_config(config_file, train_args[1:]))
     record, summary = read_json(probe_dir / RECORD_NAME), read_json(probe_dir / SUMMARY_NAME)
     if not (record and record["launcher"] == launcher and not arguments_changed(record["train_args"], train_args)
@@ -313,6 +335,9 @@ def plan_size(args, overrides, shape, out_dir):
         raise SweepError("eval_only=True: a sweep trains every run (each would stop with nothing to evaluate); drop "
                          "it, and evaluate one finished run with its own command (printed as it ran), plus "
                          "--init_from=resume --eval_only=True")
+    world_size = launcher_world_size(args.launcher)
+    if world_size and world_size_problem(c, world_size):  # else every run would fail as it starts
+        raise SweepError(f"under --launcher={args.launcher}: {world_size_problem(c, world_size)}")
     costs = variant_costs(args, overrides + shape_args, c, label, out_dir)
     budget = args.budget or costs[args.reference][1] * c["max_iters"]
     runs = {}
@@ -324,7 +349,8 @@ def plan_size(args, overrides, shape, out_dir):
             run_dir = run_folder(out_dir, shape, variant, lr, seed)
             settings = dict(attention=variant, seed=seed, out_dir=str(run_dir), **schedule,
                             **learning_rate_settings(c, lr))
-            train_args = [args.config, *overrides, *shape_args, *(format_override(k, v) for k, v in settings.items())]
+            train_args = train_arguments(args.config, overrides,
+                                         [*shape_args, *(format_override(k, v) for k, v in settings.items())])
             run_config = resolved_config(args.config, train_args[1:])  # every run's is checked before any trains
             runs[variant, lr, seed] = PlannedRun(
                 size=label, variant=variant, seed=seed, iterations=iterations, schedule=schedule,

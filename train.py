@@ -42,7 +42,7 @@ import distributed
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, check_out_dir_free, first_non_finite, load_checkpoint,
                         load_resume_checkpoint, load_weights, resume_hint, save_checkpoint)
 from configurator import (DEFAULT_CONFIG, MODEL_ARG_KEYS, ConfigError, get_config, help_text,
-                          naming_config_files, resolve_config)
+                          naming_config_files, resolve_config, world_size_problem)
 from data import Batches, DataError, check_data, choose_vocab_size, config_data_dir
 from launcher import LaunchError, launch, planned_world_size, split_launcher_args
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
@@ -187,17 +187,6 @@ def train(config, verbose=True):
                 run.out_dir_lock.close()
             if ddp:
                 distributed.teardown(run)
-
-
-def world_size_problem(c, world_size):
-    """Why the config cannot train on world_size processes (under torchrun), or None."""
-    if c["gradient_accumulation_steps"] % world_size:
-        return (f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be divisible by "
-                f"the number of processes ({world_size}): the steps are split over them")
-    if c["parallelism"] == "fsdp" and c["eval_iters"] % world_size:  # each rank, as many sharded forwards
-        return (f"config key 'eval_iters'={c['eval_iters']} must be divisible by the number of FSDP processes "
-                f"({world_size}): every rank evaluates an equal share")
-    return None
 
 
 def choose_device(c, ddp, local_rank):

@@ -363,6 +363,7 @@ def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
     (["--launcher=torchrunn --standalone"], "'torchrunn' is not a program on PATH"),  # found before the plan
     ([f"--launcher={sys.executable} 'x"], "no closing quotation: quote it as a shell would"),
     (["--launcher= "], "--launcher is blank"),
+    ([f"--launcher={sys.executable} train.py --standalone --nproc_per_node=2"], "compare.py adds train.py and its"),
     (["--seeds=0"], "--seeds must be at least 1"),
     (["--match=flops", "--budget_flops=0"], "must be a positive number"),
     (["--init_from=resume"], "sets attention, seed, out_dir and init_from itself"),
@@ -456,6 +457,8 @@ def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run
     (["--max_iters=0"], "max_iters must be at least 1"),  # --match=iters stretches the schedule too, by 1
     (["--eval_only=True"], "eval_only=True: a sweep trains every run"),  # not one failed run after another
     (["--match=tokens", "--budget_tokens=10"], "is less than half an iteration of"),  # an iteration is 64 tokens
+    ([f"--launcher={sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2"],
+     "'gradient_accumulation_steps'=1 must be divisible by the number of processes (2)"),  # not as run 1 starts
 ])
 def test_a_budget_that_cannot_be_planned_is_one_error_line(tiny_run, argv, message, capsys):
     config, out_dir = tiny_run
@@ -1123,6 +1126,30 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
     assert sweep.run_status(run) == "done"
     summary = sweep.finished_summary(run)
     assert summary["wall_time_s"] == pytest.approx(0.2) and summary["training_flops"] == 100 * 64 * 10  # train.py's
+
+
+def test_the_launchers_processes_are_known_where_torchrun_fixes_them():
+    assert sweep.launcher_world_size("") == 1
+    assert sweep.launcher_world_size("torchrun --standalone --nproc_per_node=4") == 4
+    assert sweep.launcher_world_size(f"{sys.executable} -m torch.distributed.run --nnodes=2 --nproc_per_node=2") == 4
+    assert sweep.launcher_world_size("torchrun --nnodes=1:4 --nproc_per_node=2") is None  # elastic
+    assert sweep.launcher_world_size("srun --ntasks=8") is None
+    with pytest.raises(sweep.SweepError, match="--nproc_per_node=0: no process to start"):
+        sweep.launcher_world_size("torchrun --nproc_per_node=0")
+
+
+def test_each_key_is_given_once_and_an_fsdp_probe_evaluates_a_batch_per_process(tiny_run, tmp_path, monkeypatch):
+    """A --max_iters=6 the sweep sets again per run is left out of its printed command; FSDP's ranks split
+    the probe's evaluation batches, so it takes one per process."""
+    config, out_dir = tiny_run
+    runs, _ = plan(config, out_dir, "--variants=standard", "--max_iters=6", "--batch_size=2")
+    assert [arg.split("=")[0] for arg in runs[0].train_args].count("--max_iters") == 1
+    assert "--batch_size=2" in runs[0].train_args
+    launcher, calls = fake_train_launcher(tmp_path)
+    monkeypatch.setattr(sweep, "launcher_world_size", lambda launcher: 2)
+    sweep.probe_seconds_per_iter(str(config), ["--parallelism=fsdp", "--eval_iters=7"], "efficient",
+                                 tmp_path / "probe", 3, launcher)
+    assert "--eval_iters=2" in calls.read_text().split() and "--eval_iters=7" not in calls.read_text().split()
 
 
 def test_a_timing_probe_under_another_launcher_or_config_is_run_again(tiny_run, tmp_path):
