@@ -66,6 +66,8 @@ def main(argv=None):
     parser.add_argument("--baseline_dir", default="", help="another checkout of this repo (e.g. an older commit)")
     parser.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "tinyshakespeare.txt"))
     args = parser.parse_args(argv)
+    if args.iters < 101 or args.repeats < 1:
+        parser.error("--iters must be at least 101 (the config's warmup is 100 iterations), --repeats at least 1")
     if not (REPO / "data" / "shakespeare_char" / "train.bin").exists():
         parser.error("prepare the data first: python prepare_char.py --input=<tinyshakespeare.txt>")
     programs = {"this repo": ("ours", REPO)}

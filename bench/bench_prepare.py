@@ -2,9 +2,10 @@
 Benchmark of prepare_openwebtext.py's tokenize-and-write step (GPT-2 BPE in --num_proc threads, appended
 to train.bin / val.bin) at several --num_proc, on a local corpus of some MB. Prints a markdown table.
 
-    python bench/bench_prepare.py                   # ../shared/data/tinyshakespeare.txt in ~5 kB documents, repeated
+    python bench/bench_prepare.py --text path/to/tinyshakespeare.txt   # cut into ~5 kB documents, repeated
     python bench/bench_prepare.py --corpus stdlib   # the Python standard library's .py files, one per document
-                                              # (the default where Tiny Shakespeare is absent)
+                                              # (the default where --text, ../shared/data/tinyshakespeare.txt
+                                              # unless given, is absent)
 
 Loading, the empty-document filter and the split are untimed (datasets caches them after the first
 run); each timed run tokenizes and writes from scratch into a temporary folder. Wall time is what a run
@@ -41,19 +42,18 @@ def stdlib_documents(megabytes):
     return documents
 
 
-def shakespeare_documents(megabytes):
-    """Tiny Shakespeare cut at speech boundaries into ~5 kB documents, repeated until `megabytes` of text.
-
-    5 kB is OpenWebText's average document (about 40 GB of text in 8M documents).
+def shakespeare_documents(megabytes, text):
+    """Tiny Shakespeare (the file `text`) cut at speech boundaries into ~5 kB documents, repeated until
+    `megabytes` of text. 5 kB is OpenWebText's average document (about 40 GB of text in 8M documents).
     """
     documents, current = [], ""
-    for speech in SHAKESPEARE.read_text(encoding="utf-8").split("\n\n"):
+    for speech in text.read_text(encoding="utf-8").split("\n\n"):
         current += speech + "\n\n"
         if len(current) >= OWT_DOCUMENT_CHARS:
             documents.append(current)
             current = ""
     documents += [current] if current else []
-    repeats = max(1, round(megabytes * 1e6 / SHAKESPEARE.stat().st_size))
+    repeats = max(1, round(megabytes * 1e6 / text.stat().st_size))
     return documents * repeats
 
 
@@ -74,14 +74,18 @@ def tokenize_and_write(corpus, out_dir, num_proc):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--text", type=Path, default=SHAKESPEARE, help="Tiny Shakespeare, for --corpus shakespeare")
     parser.add_argument("--corpus", choices=["shakespeare", "stdlib"],
-                        default="shakespeare" if SHAKESPEARE.is_file() else "stdlib")
+                        help="default: shakespeare where --text is a file, else stdlib")
     parser.add_argument("--megabytes", type=float, default=20.0, help="corpus size to build")
     parser.add_argument("--num_proc", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per num_proc; the fastest is reported")
     args = parser.parse_args()
     if not args.megabytes > 0 or min(args.num_proc) < 1 or args.repeats < 1:
         parser.error("--megabytes must be positive, and --num_proc and --repeats at least 1")
+    args.corpus = args.corpus or ("shakespeare" if args.text.is_file() else "stdlib")
+    if args.corpus == "shakespeare" and not args.text.is_file():
+        parser.error(f"--text {args.text}: no such file: give Tiny Shakespeare's path, or --corpus stdlib")
     try:
         gpt2_encoding()  # before building the corpus: offline, this needs TIKTOKEN_CACHE_DIR
     except TokenizerUnavailableError as e:
@@ -92,8 +96,8 @@ def main():
         datasets.config.HF_DATASETS_CACHE = str(tmp / "hf_cache")  # keep ~/.cache clean
         datasets.disable_progress_bars()
 
-        make_documents = stdlib_documents if args.corpus == "stdlib" else shakespeare_documents
-        documents = make_documents(args.megabytes)
+        documents = (stdlib_documents(args.megabytes) if args.corpus == "stdlib" else
+                     shakespeare_documents(args.megabytes, args.text))
         corpus = tmp / "corpus.jsonl"
         corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in documents), encoding="utf-8")
         megabytes = corpus.stat().st_size / 1e6  # JSON-escaped size; close to the raw text's
