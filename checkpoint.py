@@ -102,6 +102,11 @@ def _holder_if_locked(lock):
         return lock.read().strip() or "unknown"
 
 
+# without torchrun, parallelism='fsdp' is one plain process, which has no shards to load
+RESUME_SHARDS = ("resume it with parallelism='fsdp' under torchrun: `python train.py --standalone --nproc_per_node=N` "
+                 "and the same config and overrides (any N, 1 included)")
+
+
 def load_resume_checkpoint(out_dir, model_args, sharded=False, data=None):
     """The checkpoint to resume from, after checking that it trains the model requested (its
     model_args are the ones to build); its "source" is the file or folder it was read from.
@@ -117,7 +122,7 @@ def load_resume_checkpoint(out_dir, model_args, sharded=False, data=None):
         if not (out_dir / CHECKPOINT_NAME).is_file():
             if distributed.newest_shards(out_dir) is not None:  # an FSDP run killed before its ckpt.pt
                 raise CheckpointError(f"no {CHECKPOINT_NAME} in {out_dir}, but an FSDP run's sharded checkpoint: "
-                                      f"resume it with parallelism='fsdp' under torchrun")
+                                      f"{RESUME_SHARDS}")
             raise CheckpointError(f"no checkpoint at {out_dir / CHECKPOINT_NAME}: init_from='resume' continues the "
                                   f"run whose out_dir this is; start it first (init_from='scratch'), or set out_dir "
                                   f"to that run's folder")
@@ -125,7 +130,7 @@ def load_resume_checkpoint(out_dir, model_args, sharded=False, data=None):
         checkpoint["source"] = out_dir / CHECKPOINT_NAME
         if "sharded" in checkpoint:
             raise CheckpointError(f"{checkpoint['source']} is the export of an FSDP run, whose optimizer state is "
-                                  f"in {out_dir / checkpoint['sharded']}: resume it with parallelism='fsdp' under torchrun")
+                                  f"in {out_dir / checkpoint['sharded']}: {RESUME_SHARDS}")
     if data is not None:
         check_same_tokens(checkpoint.get("meta"), *data, checkpoint["source"])
     saved = checkpoint["model_args"]

@@ -111,7 +111,8 @@ def test_fsdp_resume_is_exact(tmp_path, data_dir):
 
 
 def test_fsdp_export_is_not_a_ddp_resume_point(fsdp_run, tmp_path, data_dir):
-    with pytest.raises(T.CheckpointError, match="parallelism='fsdp'"):
+    with pytest.raises(T.CheckpointError, match="under torchrun: `python train.py --standalone --nproc_per_node=N` and "
+                                                "the same config and overrides \\(any N, 1 included\\)"):
         T.load_resume_checkpoint(fsdp_run, load_checkpoint(fsdp_run)["model_args"])
     shards_alone = tmp_path / "out"  # an FSDP run killed between its shards and its ckpt.pt
     shutil.copytree(fsdp_run, shards_alone)
