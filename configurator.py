@@ -21,7 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple
 
-from model import (ATTENTION_VARIANTS, GPT2_CONTEXT, MLPS, NORMS, POSITIONS, PRETRAINED_GPT2, GPTConfig,
+from model import (ATTENTION_CLASSES, GPT2_CONTEXT, MLPS, NORMS, POSITIONS, PRETRAINED_GPT2, GPTConfig,
                    check_pretrained_attention, published_gpt2_config)
 from runtime import DTYPES, resolve_device_and_dtype
 
@@ -69,7 +69,7 @@ SETTINGS = {
     "dropout": Setting(_MODEL["dropout"], "dropout probability, in [0, 1)"),
     "bias": Setting(False, "biases in Linear layers and norms (GPT-2 has them; NanoGPT trains without)"),
     "attention": Setting(_MODEL["attention"], "the attention variant (README: the four variants)",
-                         ATTENTION_VARIANTS),
+                         tuple(ATTENTION_CLASSES)),  # the paper's four, and any added in model.py
     "gelu_approximate": Setting(_MODEL["gelu_approximate"], "exact GELU, or GPT-2's tanh approximation",
                                 ("none", "tanh")),
     "norm": Setting(_MODEL["norm"], "LayerNorm (GPT-2) or RMSNorm (Llama)", NORMS),
