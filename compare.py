@@ -336,7 +336,8 @@ def main(argv=None):
         print(f"error: writing the results: {e}; every run is finished and kept, so the same command, rerun, "
               f"writes them without training", file=sys.stderr)
         return 1
-    plots = " and the plots beside them" if frontier.pyplot() else ""  # else write_report said they were skipped
+    plots = (" and the plots beside them" if frontier.pyplot() else
+             "; matplotlib is not installed, so loss.png and frontier.png are skipped (pip install matplotlib)")
     print(f"\n{markdown}\nwrote {out_dir / 'results.md'}, {out_dir / 'results.json'}{plots}")
     return 0
 

@@ -603,7 +603,7 @@ def mixed_setups_note(summaries):
 
 def write_report(out_dir, header, plan, budgets, summaries, *, variants, reference, seeds, extra):
     """results.md (a table per size, then the summary and the fit), results.json, loss.png of the
-    largest size's first seed and frontier.png; returns the markdown."""
+    largest size's first seed and frontier.png (where matplotlib is installed); returns the markdown."""
     labels, every_run, every_planned = list(budgets), summaries, [run.as_dict() for run in plan]
     lr_section, summaries, plan, best_lr = keep_best_learning_rates(summaries, plan, labels, variants, seeds)
     by_size = {label: {v: aggregate([r for r in summaries if r["size"] == label and r["attention"] == v])
@@ -622,9 +622,7 @@ def write_report(out_dir, header, plan, budgets, summaries, *, variants, referen
          "best_learning_rates": {label: {v: lr for (size, v), lr in best_lr.items() if size == label}
                                  for label in labels} if best_lr else None}, indent=2, default=str))
     plt = pyplot()
-    if plt is None:
-        print("matplotlib is not installed: loss.png and frontier.png skipped (pip install matplotlib); "
-              "the tables are written")
+    if plt is None:  # the tables alone (compare.py says so once, at its end)
         return markdown
     largest = [run for run in plan if run.size == labels[-1] and run.seed == 0]
     if largest:
