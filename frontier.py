@@ -48,6 +48,7 @@ COLUMNS = [
     ("ms/iter", "mean_ms_per_iter", "low", "{:.1f}"),
     ("tokens/s", "tokens_per_s", "high", "{:,.0f}"),
     ("peak memory (MB)", "peak_memory_mb", "low", "{:,.0f}"),
+    ("step time (s)", "step_seconds", "low", "{:.1f}"),  # what --match=time budgets: iterations x ms/iter
     ("wall time (s)", "wall_time_s", "low", "{:.1f}"),
 ]
 

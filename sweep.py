@@ -608,6 +608,8 @@ def finished_summary(run):
         summary["val_ppl"] = math.exp(summary["final_val_loss"])
     if summary.get("peak_memory_bytes") is not None:
         summary["peak_memory_mb"] = summary["peak_memory_bytes"] / 2**20
+    if summary.get("mean_ms_per_iter") is not None:
+        summary["step_seconds"] = summary["mean_ms_per_iter"] / 1000 * summary["iterations"]
     return summary
 
 

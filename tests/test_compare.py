@@ -80,6 +80,7 @@ def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
         run = next(r for r in results["runs"] if r["attention"] == variant)
         assert run["iterations"] == 6 and run["tokens"] == 6 * 4 * 16
         assert run["training_flops"] == run["flops_per_token"] * 6 * 4 * 16
+        assert run["step_seconds"] == pytest.approx(run["mean_ms_per_iter"] / 1000 * 6)
         assert row["val_ppl"]["mean"] == pytest.approx(np.exp(row["final_val_loss"]["mean"]))
     # d=16: standard has 4 learned 16x16 projections with biases, efficient 2
     assert results["results"]["1x2x16"]["standard"]["attention_params"]["mean"] == 4 * (16 * 16 + 16)
@@ -88,7 +89,7 @@ def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
     table = (out_dir / "results.md").read_text().splitlines()
     header = next(line for line in table if line.startswith("| attention |"))
     for column in ("attn params/layer", "model params", "FLOPs/token", "iterations", "training FLOPs", "train loss",
-                   "val loss", "val ppl", "ms/iter", "tokens/s", "peak memory (MB)", "wall time (s)"):
+                   "val loss", "val ppl", "ms/iter", "tokens/s", "peak memory (MB)", "step time (s)", "wall time (s)"):
         assert f"| {column} |" in header
     assert "HellaSwag" not in header  # no data given, so no empty columns
     efficient_row = next(line for line in table if line.startswith("| efficient |"))
@@ -101,8 +102,8 @@ def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
     assert settings["out_dir"] == str(out_dir.resolve() / "standard-seed0")
     last_line = f"wrote {out_dir.resolve() / 'results.md'}, {out_dir.resolve() / 'results.json'}"
     if importlib.util.find_spec("matplotlib") is None:
-        assert "loss.png and frontier.png skipped" in out
-        assert out.endswith(f"\n{last_line}\n")  # no plots claimed
+        assert out.endswith(f"\n{last_line}; matplotlib is not installed, so loss.png and frontier.png are skipped "
+                            f"(pip install matplotlib)\n")  # no plots claimed
     else:
         assert (out_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert out.endswith(f"\n{last_line} and the plots beside them\n")
