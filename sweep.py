@@ -620,6 +620,16 @@ def time_left(done_seconds, done_flops, planned_flops):
     return f"estimated time left {seconds / 60:.1f} min"
 
 
+def flops_left(run, status):
+    """The training FLOPs a planned run has still to spend: all, none when done, and for a resume those
+    after the iteration its last train.py stopped at (as its summary says, where it wrote one)."""
+    if status == "done":
+        return 0
+    stopped = read_json(run.run_dir / SUMMARY_NAME) if status == "resume" else None
+    iterations_left = run.iterations - min(stopped["iterations"], run.iterations) if stopped else run.iterations
+    return run.flops_per_token * run.tokens_per_iter * iterations_left
+
+
 def run_sweep(plan, launcher=""):
     """Train every planned run not already finished, in order; returns {run_dir: summary}. A signal stops
     the sweep (SweepInterrupted) once the running train.py has saved its checkpoint."""
@@ -627,7 +637,7 @@ def run_sweep(plan, launcher=""):
     spent_seconds = spent_flops = 0.0
     with SignalForwarder() as forwarder:
         for k, (run, status) in enumerate(zip(plan, statuses), 1):
-            left = sum(r.training_flops for r, s in zip(plan[k - 1:], statuses[k - 1:]) if s != "done")
+            left = sum(flops_left(r, s) for r, s in zip(plan[k - 1:], statuses[k - 1:]))
             head = f"\n=== run {k} of {len(plan)}: {run.describe()}, {run.iterations:,} iters"
             if status == "done":
                 print(f"{head}: finished already, skipped", flush=True)

@@ -1154,6 +1154,14 @@ def test_each_key_is_given_once_and_an_fsdp_probe_evaluates_a_batch_per_process(
     assert "--eval_iters=2" in calls.read_text().split() and "--eval_iters=7" not in calls.read_text().split()
 
 
+def test_the_time_left_counts_what_a_resumed_run_has_still_to_train(tmp_path):
+    run = sweep.PlannedRun(size="1x2x16", variant="efficient", seed=0, iterations=10, schedule={}, flops_per_token=100,
+                           tokens_per_iter=64, run_dir=tmp_path, train_args=["tiny.py"])
+    assert [sweep.flops_left(run, status) for status in ("new", "done", "resume")] == [64_000, 0, 64_000]
+    (tmp_path / "summary.json").write_text(json.dumps({"stop_reason": "SIGTERM", "iterations": 9}))
+    assert sweep.flops_left(run, "resume") == 6_400  # one iteration of ten left
+
+
 def test_a_timing_probe_under_another_launcher_or_config_is_run_again(tiny_run, tmp_path):
     config, _ = tiny_run
     launcher, calls = fake_train_launcher(tmp_path)
