@@ -214,7 +214,8 @@ def train_arguments(config_file, overrides, own):
 
 def launcher_world_size(launcher):
     """How many train.py processes the sweep's --launcher starts: 1 without one; torchrun's count where
-    it is fixed; None where it is not known (an elastic --nnodes, a launcher of another kind)."""
+    it is fixed; None where it is not known here (an elastic --nnodes, a launcher of another kind,
+    --nproc_per_node=gpu on a machine without one: torchrun itself says what is wrong, if anything)."""
     if not launcher:
         return 1
     words = shlex.split(launcher)
@@ -222,8 +223,22 @@ def launcher_world_size(launcher):
                      words[3:] if words[1:3] == ["-m", "torch.distributed.run"] else None)
     try:
         return None if torchrun_args is None else planned_world_size(torchrun_args)
-    except LaunchError as e:
-        raise SweepError(f"--launcher={launcher}: {e}") from None
+    except LaunchError:
+        return None
+
+
+def check_world_size(c, launcher):
+    """A SweepError where the --launcher's processes do not split the config's steps: every run, and
+    every timing probe, would fail as it started."""
+    world_size = launcher_world_size(launcher)
+    if world_size and world_size_problem(c, world_size):
+        raise SweepError(f"under --launcher={launcher}: {world_size_problem(c, world_size)}")
+
+
+def probe_eval_iters(config_file, overrides, launcher):
+    """A timing probe's evaluation, one batch (the least), or under FSDP one per process, which split them."""
+    fsdp = resolved_config(config_file, overrides)["parallelism"] == "fsdp"
+    return (launcher_world_size(launcher) or 1) if fsdp else 1
 
 
 def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_iters, launcher):
@@ -232,7 +247,7 @@ def probe_seconds_per_iter(config_file, overrides, variant, probe_dir, probe_ite
     settings (another batch size, launcher or probe length) is run again."""
     settings = dict(attention=variant, out_dir=str(probe_dir), max_iters=probe_iters, lr_decay_iters=probe_iters,
                     warmup_iters=0, eval_interval=probe_iters, log_interval=probe_iters, always_save_checkpoint=False,
-                    eval_iters=launcher_world_size(launcher) or 1)  # one batch per process: FSDP splits them
+                    eval_iters=probe_eval_iters(config_file, overrides, launcher))
     train_args = train_arguments(config_file, overrides, [format_override(k, v) for k, v in settings.items()])
     probed = planned_settings(resolved_config(config_file, train_args[1:]))
     record, summary = read_json(probe_dir / RECORD_NAME), read_json(probe_dir / SUMMARY_NAME)
@@ -296,6 +311,7 @@ def variant_costs(args, overrides, c, label, out_dir):
         cv = c | {"attention": variant}
         seconds = None
         if args.match == "time":
+            check_world_size(cv, args.launcher)
             seconds = probe_seconds_per_iter(args.config, overrides, variant, out_dir / "probes" / label / variant,
                                              args.probe_iters, args.launcher)
         flops_per_token = model_flops_per_token(cv)
@@ -335,9 +351,6 @@ def plan_size(args, overrides, shape, out_dir):
         raise SweepError("eval_only=True: a sweep trains every run (each would stop with nothing to evaluate); drop "
                          "it, and evaluate one finished run with its own command (printed as it ran), plus "
                          "--init_from=resume --eval_only=True")
-    world_size = launcher_world_size(args.launcher)
-    if world_size and world_size_problem(c, world_size):  # else every run would fail as it starts
-        raise SweepError(f"under --launcher={args.launcher}: {world_size_problem(c, world_size)}")
     costs = variant_costs(args, overrides + shape_args, c, label, out_dir)
     budget = args.budget or costs[args.reference][1] * c["max_iters"]
     runs = {}
@@ -634,6 +647,9 @@ def run_sweep(plan, launcher=""):
     """Train every planned run not already finished, in order; returns {run_dir: summary}. A signal stops
     the sweep (SweepInterrupted) once the running train.py has saved its checkpoint."""
     statuses = [run_status(run) for run in plan]  # every folder checked before anything trains
+    for run, status in zip(plan, statuses):
+        if status != "done":  # a finished sweep's tables may be written again on another machine
+            check_world_size(run.settings["config"], launcher)
     spent_seconds = spent_flops = 0.0
     with SignalForwarder() as forwarder:
         for k, (run, status) in enumerate(zip(plan, statuses), 1):

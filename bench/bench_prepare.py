@@ -4,8 +4,8 @@ to train.bin / val.bin) at several --num_proc, on a local corpus of some MB. Pri
 
     python bench/bench_prepare.py --text path/to/tinyshakespeare.txt   # cut into ~5 kB documents, repeated
     python bench/bench_prepare.py --corpus stdlib   # the Python standard library's .py files, one per document
-                                              # (the default where --text, ../shared/data/tinyshakespeare.txt
-                                              # unless given, is absent)
+                                              # (the default without --text where ../shared/data has no
+                                              # tinyshakespeare.txt)
 
 Loading, the empty-document filter and the split are untimed (datasets caches them after the first
 run); each timed run tokenizes and writes from scratch into a temporary folder. Wall time is what a run
@@ -74,7 +74,7 @@ def tokenize_and_write(corpus, out_dir, num_proc):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--text", type=Path, default=SHAKESPEARE, help="Tiny Shakespeare, for --corpus shakespeare")
+    parser.add_argument("--text", type=Path, help=f"Tiny Shakespeare, for --corpus shakespeare (default: {SHAKESPEARE})")
     parser.add_argument("--corpus", choices=["shakespeare", "stdlib"],
                         help="default: shakespeare where --text is a file, else stdlib")
     parser.add_argument("--megabytes", type=float, default=20.0, help="corpus size to build")
@@ -83,7 +83,9 @@ def main():
     args = parser.parse_args()
     if not args.megabytes > 0 or min(args.num_proc) < 1 or args.repeats < 1:
         parser.error("--megabytes must be positive, and --num_proc and --repeats at least 1")
-    args.corpus = args.corpus or ("shakespeare" if args.text.is_file() else "stdlib")
+    # Tiny Shakespeare where given, or where it lies beside the checkout; else the standard library's files
+    args.corpus = args.corpus or ("shakespeare" if args.text or SHAKESPEARE.is_file() else "stdlib")
+    args.text = args.text or SHAKESPEARE
     if args.corpus == "shakespeare" and not args.text.is_file():
         parser.error(f"--text {args.text}: no such file: give Tiny Shakespeare's path, or --corpus stdlib")
     try:

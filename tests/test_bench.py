@@ -217,6 +217,7 @@ def test_bench_model_steps_nanogpt_and_every_variant(tmp_path):
     ("bench_prepare.py", ["--repeats=0"], "--megabytes must be positive, and --num_proc and --repeats at least 1"),
     ("bench_prepare.py", ["--num_proc", "0"], "--megabytes must be positive, and --num_proc and --repeats at least 1"),
     ("bench_prepare.py", ["--corpus=shakespeare", "--text=no/such.txt"], "--text no/such.txt: no such file"),
+    ("bench_prepare.py", ["--text=no/such.txt"], "--text no/such.txt: no such file"),  # not the stdlib instead
     ("bench_cpu_load.py", ["--iters=5"], "--iters must be at least 101"),
 ])
 def test_bench_arguments_out_of_range_are_one_error_line(script, args, message):
