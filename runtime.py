@@ -1,8 +1,8 @@
 """
 Where and in what precision a model runs: device and dtype choice ('auto' included), autocast, the
 peak FLOP/s that MFU is measured against, the CPU threads, and the process-level pieces of a run
-(stop signals, peak memory, how a command-line script exits). Shared by train.py, sample.py, eval_hellaswag.py and the benchmarks, so
-that 'auto' means the same thing everywhere.
+(stop signals, peak memory, how a command-line script exits). Shared by train.py, sample.py,
+eval_hellaswag.py and the benchmarks, so that 'auto' means the same thing everywhere.
 """
 import contextlib
 import os

@@ -528,9 +528,9 @@ def record_run(run):
     """compare_run.json: the arguments the run was planned with, and what they resolved to. (A resumed
     run's wall time, speed and memory over all its train.py processes are in its own summary.json; a
     record from before train.py kept them has its processes' own figures, its "segments", kept here.)"""
-    earlier = read_json(run.run_dir / RECORD_NAME) or {}
-    write_text_atomic(run.run_dir / RECORD_NAME, json.dumps(
-        {"train_args": run.train_args, "settings": run.settings} | {k: v for k, v in earlier.items() if k == "segments"}))
+    kept = {k: v for k, v in (read_json(run.run_dir / RECORD_NAME) or {}).items() if k == "segments"}
+    write_text_atomic(run.run_dir / RECORD_NAME,
+                      json.dumps({"train_args": run.train_args, "settings": run.settings} | kept))
 
 
 def file_version(path):
