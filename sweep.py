@@ -106,7 +106,10 @@ class PlannedRun:
 
     @property
     def training_flops(self):
-        return self.flops_per_token * self.tokens_per_iter * self.iterations
+        return self.flops_for(self.iterations)
+
+    def flops_for(self, iterations):
+        return self.flops_per_token * self.tokens_per_iter * iterations
 
     def as_dict(self):
         return dict(size=self.size, variant=self.variant, seed=self.seed, learning_rate=self.learning_rate,
@@ -231,8 +234,9 @@ def check_world_size(c, launcher):
     """A SweepError where the --launcher's processes do not split the config's steps: every run, and
     every timing probe, would fail as it started."""
     world_size = launcher_world_size(launcher)
-    if world_size and world_size_problem(c, world_size):
-        raise SweepError(f"under --launcher={launcher}: {world_size_problem(c, world_size)}")
+    problem = world_size and world_size_problem(c, world_size)
+    if problem:
+        raise SweepError(f"under --launcher={launcher}: {problem}")
 
 
 def probe_eval_iters(config_file, overrides, launcher):
@@ -639,8 +643,7 @@ def flops_left(run, status):
     if status == "done":
         return 0
     stopped = read_json(run.run_dir / SUMMARY_NAME) if status == "resume" else None
-    iterations_left = run.iterations - min(stopped["iterations"], run.iterations) if stopped else run.iterations
-    return run.flops_per_token * run.tokens_per_iter * iterations_left
+    return run.flops_for(run.iterations - min(stopped["iterations"], run.iterations) if stopped else run.iterations)
 
 
 def run_sweep(plan, launcher=""):
@@ -664,5 +667,5 @@ def run_sweep(plan, launcher=""):
             summary = train_once(run, status, launcher, forwarder)
             spent_seconds += time.time() - started
             # a resume trains the part after its checkpoint; a diverged run stopped early
-            spent_flops += run.flops_per_token * run.tokens_per_iter * summary["iterations_this_run"]
+            spent_flops += run.flops_for(summary["iterations_this_run"])
     return {run.run_dir: finished_summary(run) for run in plan}

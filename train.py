@@ -670,8 +670,9 @@ def main(argv=None):
         if launcher:  # the config checked here first: a bad key is one error line, not one per process
             c = resolve_config(get_config(launcher[1], set_by=set_by))
             world_size = planned_world_size(launcher[0])
-            if world_size and world_size_problem(c, world_size):
-                raise ConfigError(world_size_problem(c, world_size))
+            problem = world_size and world_size_problem(c, world_size)
+            if problem:
+                raise ConfigError(problem)
             return launch(launcher[0], Path(__file__).resolve(), launcher[1])
         train(get_config(argv, set_by=set_by))
     except ConfigError as e:
