@@ -328,16 +328,18 @@ def main(argv=None):
     try:
         if args.hellaswag_file:
             code, markdown = score_hellaswag(args, plan, summaries, report, out_dir)
-            if code:
-                return code
         else:
-            markdown = report()
+            code, markdown = 0, report()
     except OSError as e:  # a full disk, say: only the tables are missing
         print(f"error: writing the results: {e}; every run is finished and kept, so the same command, rerun, "
               f"writes them without training", file=sys.stderr)
         return 1
     plots = (" and the plots beside them" if frontier.pyplot() else
              "; matplotlib is not installed, so loss.png and frontier.png are skipped (pip install matplotlib)")
+    if code:  # results.md was written all the same, without the scores: say what else it lacks
+        if not frontier.pyplot():
+            print(f"wrote {out_dir / 'results.md'}{plots}", file=sys.stderr)
+        return code
     print(f"\n{markdown}\nwrote {out_dir / 'results.md'}, {out_dir / 'results.json'}{plots}")
     return 0
 

@@ -483,11 +483,14 @@ def test_a_stop_while_scoring_hellaswag_keeps_the_tables_and_the_scores_so_far(t
     monkeypatch.setattr(compare, "evaluate_checkpoint", score)
     argv = [str(config), "--variants=standard,efficient", f"--out_dir={out_dir}", f"--hellaswag_file={hellaswag}",
             "--max_iters=2"]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert compare.main(argv) == 130
-    assert "stopped while scoring HellaSwag" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "stopped while scoring HellaSwag" in err
+    assert err.endswith(f"wrote {out_dir / 'results.md'}; matplotlib is not installed, so loss.png and frontier.png "
+                        f"are skipped (pip install matplotlib)\n")
     table = (out_dir / "results.md").read_text()
     assert "| val loss |" in table and "HellaSwag" not in table
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert compare.main(argv) == 0
     assert capsys.readouterr().out.count("matplotlib is not installed") == 1  # not once per writing of the tables
     assert scored == ["standard-seed0", "efficient-seed0", "efficient-seed0"]  # standard's score was kept
