@@ -38,7 +38,12 @@ def check_prompt(idx):
 
 def sample_next(logits, temperature=1.0, top_k=None):
     """One token per row (B, 1) from the last position's logits (B, vocab)."""
-    logits = logits.float() / temperature  # float16 logits over a small temperature would overflow to inf
+    logits = logits.float()  # float16 logits over a small temperature would overflow to inf
+    # the gaps to the best logit, not the logits, over the temperature: at a tiny temperature the logits
+    # themselves overflow to inf (a nan softmax, which drew token 0), where the best token keeps 0 and the
+    # rest go to -inf. A temperature under float32's smallest normal number (1e-38) is taken as that number,
+    # as it would otherwise lose its precision, or round to 0 (0 / 0 is nan).
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, torch.finfo(torch.float32).tiny)
     if top_k is not None:
         kth_largest = torch.topk(logits, min(int(top_k), logits.size(-1))).values[:, -1:]
         # a slice and torch.where, not a list index or boolean indexing: no host-device sync on the GPU

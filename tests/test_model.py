@@ -361,6 +361,17 @@ def test_sampling_float16_logits_at_a_small_temperature_is_greedy():
     assert [sample_next(logits, temperature=1e-4).item() for _ in range(5)] == [0] * 5
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300])
+@pytest.mark.parametrize("top_k", [None, 2])
+def test_sampling_at_a_vanishing_temperature_is_greedy(temperature, top_k):
+    """A positive temperature is accepted however small; logits / 1e-40 overflow float32 to inf."""
+    from generate import sample_next
+
+    logits = torch.tensor([[1.0, 3.0, 2.0, -1.0], [0.0, -2.0, 4.0, 0.5]])
+    torch.manual_seed(0)
+    assert [sample_next(logits, temperature, top_k).flatten().tolist() for _ in range(5)] == [[1, 2]] * 5
+
+
 def ops_run(fn):
     """The aten operators fn runs, by name and count, nested calls included (torch.profiler)."""
     with torch.profiler.profile() as profile:
