@@ -40,6 +40,7 @@ import os
 import re
 import sys
 import tempfile
+import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -314,7 +315,8 @@ def load_failed(source, split, err):
 
 def first_bad_json_line(source):
     """"; first bad line: FILE, line N (...)" for a local JSON-lines source whose reading failed (the error
-    of datasets counts rows of its own blocks, not the file's lines); "" when no such line is found."""
+    of datasets counts rows of its own blocks, not the file's lines), "; FILE cannot be read" for a
+    damaged gzip (which datasets does not name); "" when neither is found."""
     if not source.local or source.builder != "json":
         return ""
     for name in itertools.chain.from_iterable(source.options["data_files"].values()):
@@ -328,8 +330,8 @@ def first_bad_json_line(source):
         except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
             if lines:
                 return f"; first bad line: {name}, line {number} ({e})"
-        except OSError:  # a damaged gzip: the error above says so
-            return ""
+        except (OSError, EOFError, zlib.error):  # a damaged or cut-off gzip (an interrupted download)
+            return f"; {name} cannot be read"
     return ""
 
 

@@ -5,6 +5,7 @@ import gzip
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -700,6 +701,18 @@ def test_unreadable_data_later_in_the_stream_stops_the_run_cleanly(tmp_path, mon
                                            rf"line: .*c4-train\.00001-of-00002\.json\.gz, line {lines} "):
         prepare(str(folder), tmp_path / "out", val_split="validation", streaming=True)
     assert os.listdir(tmp_path / "out") == []
+
+
+@needs_bpe
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_cut_off_gzip_file_is_named_in_one_error(tmp_path, streaming):
+    """An interrupted download leaves a .json.gz without its end; datasets' error does not say which file."""
+    folder = write_c4_folder(tmp_path / "c4", make_documents(40), VAL_DOCUMENTS)
+    shard = folder / "en" / "c4-train.00001-of-00002.json.gz"
+    shard.write_bytes(shard.read_bytes()[:-20])
+    with pytest.raises(PrepareError, match=rf"EOFError: Compressed file ended .*; {re.escape(str(shard))} cannot be read"):
+        prepare(str(folder), tmp_path / "out", val_split="validation", streaming=streaming, num_proc=1)
+    assert not list((tmp_path / "out").glob("*"))
 
 
 @needs_bpe
