@@ -322,10 +322,12 @@ def first_bad_json_line(source):
     for name in itertools.chain.from_iterable(source.options["data_files"].values()):
         lines = name.endswith((".jsonl", ".jsonl" + COMPRESSED))  # a .json file may also be one document
         try:
-            with (gzip.open if name.endswith(COMPRESSED) else open)(name, "rt", encoding="utf-8") as f:
+            # bytes, each line decoded on its own: text mode decodes blocks ahead, so a byte that is not
+            # UTF-8 would fail lines before its own (or before the first, with no line number yet)
+            with (gzip.open if name.endswith(COMPRESSED) else open)(name, "rb") as f:
                 for number, line in enumerate(f, 1):
                     if line.strip():
-                        json.loads(line)
+                        json.loads(line.decode("utf-8"))
                         lines = True  # a line that is a whole record: JSON lines, as C4's .json.gz
         except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
             if lines:
@@ -399,8 +401,11 @@ def load_split(source, split, text_column, max_docs, num_proc):
     if len(docs) == 0:
         raise no_text(description, 0, text_column)
     check_text_column(docs.column_names, docs.features, text_column, description)
-    nonempty = docs.filter(has_text, input_columns=text_column, batched=True,
-                           num_proc=pool_size(num_proc), desc="dropping empty documents")
+    try:  # the first read of every text: pyarrow's JSON reader lets bytes that are not UTF-8 through to here
+        nonempty = docs.filter(has_text, input_columns=text_column, batched=True,
+                               num_proc=pool_size(num_proc), desc="dropping empty documents")
+    except Exception as err:
+        raise load_failed(source, split, err) from err
     num_empty = len(docs) - len(nonempty)
     if len(nonempty) == 0:
         raise no_text(description, num_empty, text_column)

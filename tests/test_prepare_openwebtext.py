@@ -220,6 +220,14 @@ def write_file(path, text):
     return path
 
 
+def latin1_line_41(tmp):
+    """JSON lines whose 41st holds a Latin-1 byte, far enough in that a reader decoding ahead meets it early."""
+    path = write_jsonl(tmp / "c.jsonl", [{"text": f"document {i}"} for i in range(40)])
+    with open(path, "ab") as f:
+        f.write('{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    return path
+
+
 BAD_INPUTS = {  # case: (make the --dataset path in tmp, what the message says)
     "missing file": (lambda tmp: tmp / "missing.jsonl", "no such file or folder"),
     "missing folder": (lambda tmp: tmp / "missing" / "folder" / "x", "no such file or folder"),
@@ -238,6 +246,7 @@ BAD_INPUTS = {  # case: (make the --dataset path in tmp, what the message says)
     "malformed json": (lambda tmp: write_file(tmp / "c.jsonl", '{"text": "a"}\n{oops\n'),
                        r"could not load.*; first bad line: .*c\.jsonl, line 2 \(Expecting property name"),
     "csv": (lambda tmp: write_file(tmp / "c.csv", "text\na\n"), "unsupported file type"),
+    "not UTF-8": (latin1_line_41, r"first bad line: .*c\.jsonl, line 41 \('utf-8' codec can't decode byte 0xe9"),
 }
 
 
