@@ -302,6 +302,9 @@ def describe(err):
     # datasets wraps the useful message (bad JSON on line N, ...) in a generic DatasetGenerationError
     parts = []
     while err is not None and len(parts) < 3:
+        if type(err).__name__ == "RemoteTraceback":  # a worker process's whole traceback, as text (--num_proc > 1)
+            parts.append("an error in a worker process (rerun with --num_proc 1 to see it)")
+            break
         parts.append(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
         err = err.__cause__ or err.__context__
     return " <- ".join(parts)

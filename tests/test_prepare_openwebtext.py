@@ -265,6 +265,20 @@ def test_bad_input_is_reported_clearly(tmp_path, no_tokenizing, case, streaming)
     assert not (tmp_path / "out").exists()
 
 
+def test_an_error_in_a_worker_process_is_one_line(tmp_path, no_tokenizing):
+    """With --num_proc 2, datasets reads two files in two processes, and a worker's error comes back holding
+    the worker's whole traceback as text."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [{"text": "a"}, {"text": "b"}])
+    write_file(folder / "b.jsonl", '{"text": "c"}\n{oops\n')
+    with pytest.raises(PrepareError) as raised:
+        prepare(str(folder), tmp_path / "out", num_proc=2)
+    message = str(raised.value)
+    assert "\n" not in message and "an error in a worker process (rerun with --num_proc 1 to see it)" in message
+    assert re.search(r"; first bad line: .*b\.jsonl, line 2 ", message)
+
+
 @pytest.mark.parametrize("option, message", [
     ({"val_fraction": 1.5}, "val_fraction"), ({"val_fraction": 0}, "val_fraction must be between 0 and 1"),
     ({"val_fraction": 1}, "val_fraction must be between 0 and 1"), ({"num_proc": 0}, "num_proc"),
