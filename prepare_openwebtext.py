@@ -114,10 +114,12 @@ def split_budgets(max_tokens, val_fraction):
     return {"train": max_tokens - val, "val": val}
 
 
-def check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, val_split):
+def check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, val_split, seed):
     """Raise PrepareError for options that cannot work together, before anything is loaded."""
     if num_proc < 1:
         raise PrepareError(f"--num_proc must be at least 1, got {num_proc}")
+    if seed < 0:  # train_test_split's numpy generator takes no negative seed (a hash split would, but alike)
+        raise PrepareError(f"--seed must be 0 or more, got {seed}")
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     if max_docs is not None and max_docs < 1:
@@ -643,7 +645,7 @@ def prepare(dataset=DEFAULT_DATASET, out_dir=None, text_column="text", num_proc=
     """
     chosen = apply_preset(dataset, out_dir, dataset_config, streaming, val_split)
     streaming, out_dir, val_split = chosen["streaming"], Path(chosen["out_dir"]), chosen["val_split"]
-    check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, val_split)
+    check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, val_split, seed)
     check_out_dir(out_dir)
     source = resolve_source(chosen["dataset"], chosen["dataset_config"], split, val_split)
     gpt2_encoding()  # after the paths are checked, before anything is downloaded

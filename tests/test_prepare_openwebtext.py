@@ -282,7 +282,7 @@ def test_an_error_in_a_worker_process_is_one_line(tmp_path, no_tokenizing):
 @pytest.mark.parametrize("option, message", [
     ({"val_fraction": 1.5}, "val_fraction"), ({"val_fraction": 0}, "val_fraction must be between 0 and 1"),
     ({"val_fraction": 1}, "val_fraction must be between 0 and 1"), ({"num_proc": 0}, "num_proc"),
-    ({"max_docs": 0}, "max_docs"),
+    ({"max_docs": 0}, "max_docs"), ({"seed": -1}, "--seed must be 0 or more, got -1"),
     ({"max_tokens": 10**6}, "--max_tokens needs --streaming"),
     ({"max_tokens": 0, "streaming": True}, "--max_tokens must be at least 1"),
     ({"max_tokens": 1999, "streaming": True}, "leaves val.bin no token"),  # 1999 * 0.0005 < 1
