@@ -89,13 +89,6 @@ def download_hellaswag(cache_dir=DEFAULT_CACHE_DIR, url=HELLASWAG_URL, timeout=6
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             data = response.read()
-        n_lines = sum(1 for line in data.splitlines() if line.strip())
-        if n_lines != HELLASWAG_VAL_SIZE:
-            raise HellaSwagError(
-                f"downloaded {url} but it has {n_lines} examples, not {HELLASWAG_VAL_SIZE}: refusing to cache it"
-            )
-        with atomic_file(path, "wb") as f:
-            f.write(data)
     # HTTPException: a connection dropped mid-download (IncompleteRead), which is no OSError
     except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
         raise HellaSwagError(
@@ -103,6 +96,17 @@ def download_hellaswag(cache_dir=DEFAULT_CACHE_DIR, url=HELLASWAG_URL, timeout=6
             f"that file on another machine and pass it with --data_file path/to/{HELLASWAG_FILENAME} "
             f"(or put it at {path})"
         ) from e
+    n_lines = sum(1 for line in data.splitlines() if line.strip())
+    if n_lines != HELLASWAG_VAL_SIZE:
+        raise HellaSwagError(
+            f"downloaded {url} but it has {n_lines} examples, not {HELLASWAG_VAL_SIZE}: refusing to cache it"
+        )
+    try:  # the download worked: a failure here is the cache folder's, not the network's
+        with atomic_file(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise HellaSwagError(f"downloaded {url} but cannot save it as {path} "
+                             f"({why_not_writable(path.parent, e)}): pass --cache_dir with a writable folder") from e
     return path
 
 

@@ -370,6 +370,19 @@ def test_a_dropped_download_tells_to_pass_data_file(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()  # no partial file cached
 
 
+def test_a_download_that_cannot_be_cached_is_no_network_failure(tmp_path, monkeypatch):
+    """The file came: what failed is the cache folder, and the way out is another --cache_dir."""
+    official = (json.dumps(example(SET1, 0)) + "\n") * eh.HELLASWAG_VAL_SIZE
+    monkeypatch.setattr(eh.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(official.encode()))
+    (tmp_path / "a_file").write_text("x")
+    cache_dir = tmp_path / "a_file" / "cache"
+    with pytest.raises(eh.HellaSwagError) as raised:
+        eh.download_hellaswag(cache_dir)
+    assert str(raised.value) == (f"downloaded {eh.HELLASWAG_URL} but cannot save it as "
+                                 f"{cache_dir / eh.HELLASWAG_FILENAME} ({tmp_path / 'a_file'} is a file, not a "
+                                 f"folder): pass --cache_dir with a writable folder")
+
+
 def test_download_uses_the_cached_copy(tmp_path):
     (tmp_path / eh.HELLASWAG_FILENAME).write_text(json.dumps(example(SET1, 0)) + "\n")
     assert eh.download_hellaswag(tmp_path, url="http://127.0.0.1:9/x") == tmp_path / eh.HELLASWAG_FILENAME
