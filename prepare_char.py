@@ -150,21 +150,27 @@ def main(argv=None):
     parser.add_argument("--out_dir", default="", help="default: data/shakespeare_char (also for --input), or data/stdlib_char for --corpus=stdlib")
     parser.add_argument("--max_chars", type=int, default=0, help="stdlib corpus: keep at most this many characters (0 = all)")
     args = parser.parse_args(argv)
+    out_dir = args.out_dir or DEFAULT_OUT[args.corpus]
     try:
-        meta, out_dir = prepare_from_args(args)
+        meta = prepare_from_args(args, out_dir)
     except PrepareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # the output folder cannot be written
         print(f"error: cannot write the dataset: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # each file is written whole or not at all, and meta.json (complete data) last
+        kept = (f"{out_dir} holds a complete dataset" if (Path(out_dir) / META_FILENAME).is_file() else
+                f"{out_dir} holds no complete dataset (no {META_FILENAME}): prepare it again")
+        print(f"stopped by Ctrl-C; {kept}", file=sys.stderr)
+        return 130
     print(f"{meta['source']}: {meta['characters']:,} characters, vocab {meta['vocab_size']}, "
           f"{meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens -> {out_dir}")
     return 0
 
 
-def prepare_from_args(args):
-    """Read or download the text the arguments name and prepare it; return (meta, out_dir)."""
+def prepare_from_args(args, out_dir):
+    """Read or download the text the arguments name and prepare it in out_dir; return its meta."""
     if args.input and args.corpus == "stdlib":  # which corpus, and which default out_dir, would be a guess
         raise PrepareError(f"--input={args.input} and --corpus=stdlib name two texts: give one of them")
     if args.max_chars and args.corpus != "stdlib":  # not silently ignored: the whole text would be prepared
@@ -180,14 +186,13 @@ def prepare_from_args(args):
     else:
         text = stdlib_corpus(max_chars=args.max_chars)
         source = f"python{sys.version_info.major}.{sys.version_info.minor} stdlib .py sources"
-    out_dir = args.out_dir or DEFAULT_OUT[args.corpus]
     replaced = dataset_source(out_dir)
     if args.corpus == "shakespeare" and not args.input:
         write_text_atomic(Path(out_dir) / "input.txt", text)
     meta = prepare(text, out_dir, source)
     if replaced not in (None, source):  # --input's default out_dir is Tiny Shakespeare's
         print(f"replaced the dataset in {out_dir}, which was made from {replaced}")
-    return meta, out_dir
+    return meta
 
 
 if __name__ == "__main__":

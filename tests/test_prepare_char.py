@@ -239,3 +239,25 @@ def test_an_interrupted_rewrite_leaves_no_old_meta_beside_new_data(tmp_path, mon
     with pytest.raises(KeyboardInterrupt):
         P.prepare("a new text, other characters\n" * 30, tmp_path, "new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.bin", "val.bin"]  # the new train.bin: no meta.json
+
+
+@pytest.mark.parametrize("stopped_in, kept", [
+    ("read_text_file", "holds a complete dataset"),  # before anything is written: the earlier dataset
+    ("write_tokens_atomically", "holds no complete dataset (no meta.json): prepare it again"),
+])
+def test_ctrl_c_is_one_line_saying_what_is_left(tmp_path, capsys, monkeypatch, stopped_in, kept):
+    src = tmp_path / "text.txt"
+    src.write_text("some text\n" * 20)
+    out = tmp_path / "out"
+    assert P.main([f"--input={src}", f"--out_dir={out}"]) == 0
+    capsys.readouterr()
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(P, stopped_in, interrupted)
+    try:
+        assert P.main([f"--input={src}", f"--out_dir={out}"]) == 130
+    except KeyboardInterrupt:  # let through, it would stop pytest itself
+        pytest.fail("the Ctrl-C ended prepare_char.py with a KeyboardInterrupt traceback")
+    assert capsys.readouterr().err == f"stopped by Ctrl-C; {out} {kept}\n"
