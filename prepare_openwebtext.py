@@ -80,6 +80,7 @@ PRESETS = {
 }
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 COMPRESSED = ".gz"  # datasets decompresses it on the fly, streaming or not
+SAVED_BY_DATASETS = ("state.json", "dataset_dict.json")  # what save_to_disk writes beside its .arrow files
 BATCH_DOCS = 1024  # documents read, routed and tokenized as one unit: ~0.5M tokens of C4, ~1.2M of OpenWebText
 # the words that name a split in a file name, as the hub's datasets name them (what `datasets` reads too)
 SPLIT_KEYWORDS = (("train", "training"), ("validation", "valid", "dev", "val"), ("test", "testing", "eval", "evaluation"))
@@ -212,6 +213,12 @@ def named_for_split(relative_path, split):
 
 def local_files(path):
     """The data files of a local file or folder, checked to be of one supported kind."""
+    if any((path / name).is_file() for name in SAVED_BY_DATASETS):  # its .json files are no documents
+        raise PrepareError(
+            f"{path} is a dataset written by datasets' save_to_disk, which is read with load_from_disk, not as files: "
+            f"write it out as parquet first, e.g. python -c \"import datasets; datasets.load_from_disk('{path}')"
+            f"['train'].to_parquet('corpus/train.parquet')\" (without ['train'] if it has no splits), then pass "
+            f"--dataset corpus/")
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and local_kind(p))
         if not files:

@@ -220,6 +220,13 @@ def write_file(path, text):
     return path
 
 
+def saved_by_datasets(tmp, splits):
+    """A folder written by datasets' save_to_disk: one dataset, or a DatasetDict of splits."""
+    dataset = datasets.Dataset.from_dict({"text": ["a", "b"]})
+    (datasets.DatasetDict({"train": dataset}) if splits else dataset).save_to_disk(str(tmp / "saved"))
+    return tmp / "saved"
+
+
 def latin1_line_41(tmp):
     """JSON lines whose 41st holds a Latin-1 byte, far enough in that a reader decoding ahead meets it early."""
     path = write_jsonl(tmp / "c.jsonl", [{"text": f"document {i}"} for i in range(40)])
@@ -246,6 +253,8 @@ BAD_INPUTS = {  # case: (make the --dataset path in tmp, what the message says)
     "malformed json": (lambda tmp: write_file(tmp / "c.jsonl", '{"text": "a"}\n{oops\n'),
                        r"could not load.*; first bad line: .*c\.jsonl, line 2 \(Expecting property name"),
     "csv": (lambda tmp: write_file(tmp / "c.csv", "text\na\n"), "unsupported file type"),
+    "saved by datasets": (lambda tmp: saved_by_datasets(tmp, splits=False), "written by datasets' save_to_disk"),
+    "saved with splits": (lambda tmp: saved_by_datasets(tmp, splits=True), "written by datasets' save_to_disk"),
     "not UTF-8": (latin1_line_41, r"first bad line: .*c\.jsonl, line 41 \('utf-8' codec can't decode byte 0xe9"),
 }
 
