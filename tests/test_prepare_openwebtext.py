@@ -122,8 +122,13 @@ def test_the_split_is_nanogpts_document_for_document(tmp_path, val_fraction):
 
 
 @needs_bpe
-def test_two_processes_write_the_same_files_as_one(tmp_path):
-    source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": doc} for doc in make_documents(30)])
+def test_two_processes_write_the_same_files_as_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare_openwebtext, "BATCH_DOCS", 4)  # many batches in flight in the tokenizing threads
+    source = tmp_path / "corpus"  # two files, so that datasets reads them in two processes
+    source.mkdir()
+    documents = make_documents(30)
+    for part in range(2):
+        write_jsonl(source / f"part{part}.jsonl", [{"text": doc} for doc in documents[part::2]])
     for num_proc in (1, 2):
         prepare(str(source), tmp_path / f"proc{num_proc}", val_fraction=0.1, num_proc=num_proc)
     for name in ("train.bin", "val.bin"):
