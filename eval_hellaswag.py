@@ -132,13 +132,17 @@ def _check_example(example):
     return None
 
 
+def check_limit(limit):
+    if limit is not None and limit < 1:
+        raise HellaSwagError(f"limit={limit} must be at least 1 (leave it out, or None, for every example)")
+
+
 def load_examples(path, limit=None):
     """The examples of a HellaSwag-format jsonl file (one JSON object per line; blank lines skipped),
     the first `limit` of them if given. A malformed line raises HellaSwagError naming its line number.
     Each example gets "label" as an int and "_line", its line number."""
     path = Path(path)
-    if limit is not None and limit < 1:
-        raise HellaSwagError(f"limit={limit} must be at least 1 (leave it out, or None, for every example)")
+    check_limit(limit)
     if path.is_dir():
         raise HellaSwagError(f"HellaSwag data file {path} is a folder: pass the .jsonl file in it")
     if not path.is_file():
@@ -556,7 +560,8 @@ def run_evaluation(args, output, launched):
     rank, world_size, device = join_ranks(args.device) if launched else (0, 1, args.device)
     device, dtype = resolve_device_and_dtype(device, args.dtype)
     CpuThreads(args.threads, device)  # on CPU: as many threads as other processes leave cores free
-    check_batch_size(args.batch_size)  # before the data and the model are loaded
+    check_batch_size(args.batch_size)  # before the data is downloaded and the model loaded
+    check_limit(args.limit)
     if args.init_from == "resume":
         existing_checkpoint_path(args.out_dir)  # a mistyped out_dir, before the download
     data_file = find_data_file(args.data_file, args.cache_dir, rank, launched)

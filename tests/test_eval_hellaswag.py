@@ -607,6 +607,16 @@ def test_an_earlier_results_file_is_noted_only_once_the_checks_have_passed(tmp_p
     assert json.loads(results.read_text())["n"] == 1
 
 
+def test_a_bad_limit_is_refused_before_the_download(tmp_path, monkeypatch, capsys):
+    def download(cache_dir):
+        raise AssertionError("downloaded before the arguments were checked")
+
+    monkeypatch.setattr(eh, "download_hellaswag", download)
+    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
+    assert eh.main(["--out_dir", str(tmp_path), "--limit", "0", "--no_progress"]) == 1
+    assert capsys.readouterr().err == "error: limit=0 must be at least 1 (leave it out, or None, for every example)\n"
+
+
 def test_a_ctrl_c_while_scoring_is_one_line_and_leaves_the_results_file_as_it_was(tmp_path, hellaswag_file, capsys,
                                                                                   monkeypatch):
     save_char_checkpoint(tiny_gpt("standard"), tmp_path)
