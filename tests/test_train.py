@@ -713,6 +713,34 @@ def test_the_loss_is_scaled_under_float16_only(dtype, scaled, tmp_path, data_dir
     assert enabled == [scaled]
 
 
+def global_norm(tensors):
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors])))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_step_takes_gradients_clipped_to_grad_clip_after_unscaling(dtype, tmp_path, data_dir, monkeypatch):
+    """clip_grad_norm_ sees the true gradients: under float16 the GradScaler's are 2**16 times larger
+    until unscale_, and clipping those would shrink every step by as much. AdamW then steps with
+    gradients of global norm grad_clip (this model's start at about 1.5)."""
+    clipped_from, stepped_with = [], []
+    real_clip, real_step = torch.nn.utils.clip_grad_norm_, torch.amp.GradScaler.step
+
+    def clip(parameters, max_norm, *args, **kwargs):
+        norm = real_clip(parameters, max_norm, *args, **kwargs)
+        clipped_from.append(float(norm))
+        return norm
+
+    def step(self, optimizer, *args, **kwargs):
+        stepped_with.append(global_norm([p.grad for group in optimizer.param_groups for p in group["params"]]))
+        return real_step(self, optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    monkeypatch.setattr(torch.amp.GradScaler, "step", step)
+    T.train(tiny(tmp_path, data_dir, dtype=dtype, max_iters=2, grad_clip=0.5), verbose=False)
+    assert len(clipped_from) == 2 and all(1.0 < norm < 3.0 for norm in clipped_from), clipped_from
+    assert stepped_with == pytest.approx([0.5, 0.5], rel=1e-3)
+
+
 def test_loss_falls(tmp_path, data_dir):
     T.train(tiny(tmp_path, data_dir, max_iters=40, eval_interval=40, learning_rate=3e-3,
             lr_decay_iters=40), verbose=False)
