@@ -1088,7 +1088,7 @@ def test_ddp_stopped_by_sigterm_exits_0_and_equals_single_process(tmp_path, data
     """SIGTERM to the launcher: exit status 0 and a checkpoint at the last step; and 2 processes
     reach the parameters of 1 process with twice the accumulation. Exact with dropout 0 only: each
     rank draws its own dropout masks, so with dropout the two runs see different masks."""
-    common = dict(gradient_accumulation_steps=4, batch_size=3, dropout=0.0, lr_decay_iters=1000)
+    common = dict(gradient_accumulation_steps=4, batch_size=3, dropout=0.0, lr_decay_iters=1000, peak_flops=1e12)
     ddp = launch_and_signal(tmp_path / "ddp", data_dir, signal.SIGTERM, to_group=False, **common)
     iterations = ddp["iter_num"]
     T.train(tiny(tmp_path / "single", data_dir, max_iters=iterations, eval_interval=1000, **common), verbose=False)
@@ -1096,9 +1096,12 @@ def test_ddp_stopped_by_sigterm_exits_0_and_equals_single_process(tmp_path, data
     for key in single:
         torch.testing.assert_close(ddp["model"][key], single[key], rtol=1e-5, atol=1e-6, msg=key)
     tokens_per_iter = 4 * 3 * 16  # gradient_accumulation_steps x batch_size x block_size, over both ranks
-    for record in (r for r in read_log(tmp_path / "ddp" / "out") if r["type"] == "train"):
-        assert record["tokens_per_s"] == pytest.approx(tokens_per_iter / (record["ms_per_iter"] / 1000), rel=1e-9)
     summary = json.loads((tmp_path / "ddp" / "out" / "summary.json").read_text())
+    for record in (r for r in read_log(tmp_path / "ddp" / "out") if r["type"] == "train"):
+        seconds = record["ms_per_iter"] / 1000
+        assert record["tokens_per_s"] == pytest.approx(tokens_per_iter / seconds, rel=1e-9)
+        # MFU is a GPU's: the FLOPs of its own half of the tokens over one peak_flops
+        assert record["mfu"] == pytest.approx(summary["flops_per_token"] * tokens_per_iter / 2 / seconds / 1e12, rel=1e-9)
     assert summary["tokens_per_iter"] == tokens_per_iter
     assert summary["tokens_per_s"] == pytest.approx(tokens_per_iter / (summary["mean_ms_per_iter"] / 1000), rel=1e-9)
 
