@@ -229,18 +229,22 @@ def fitted_loss_at_largest(fit):
 
 
 def compute_ratio(summaries, labels, variant, reference, target=None, seed=None):
-    """C_variant(target) / C_reference(target) from the fitted curves, as (ratio, None) where both reach
-    the target inside their measured range; (None, bound) where the variant reaches it below its smallest
-    compute and the ratio is less than bound = that compute / the reference's; otherwise (None, None).
+    """C_variant(target) / C_reference(target) from the fitted curves, as (ratio, None, "inside") where both
+    reach the target inside their measured range; (None, bound, "below") where the variant reaches it below
+    its smallest compute and the ratio is less than bound = that compute / the reference's; (None, None,
+    "beyond") where it reaches it only past its largest; (None, None, None) where there is nothing to read
+    (no fit of either, a loss that does not fall, or the reference's curve off its range at the target).
     No target: the reference's fitted loss at its largest size (of this seed's curve)."""
     fits = [fit_loss_curve(*variant_points(summaries, v, labels, "training_flops", seed)[:2]) for v in (variant, reference)]
     if target is None and fits[1] is not None:
         target = fitted_loss_at_largest(fits[1])
     mine, theirs = (reach(fit, target) if target is not None else None for fit in fits)
-    if mine is None or theirs is None or theirs[0] != "inside" or mine[0] == "beyond":
-        return None, None
+    if mine is None or theirs is None or theirs[0] != "inside":
+        return None, None, None
+    if mine[0] == "beyond":
+        return None, None, "beyond"
     ratio = mine[1] / theirs[1]
-    return (ratio, None) if mine[0] == "inside" else (None, ratio)
+    return (ratio, None, "inside") if mine[0] == "inside" else (None, ratio, "below")
 
 
 def analyse(summaries, labels, variants, reference, seeds, target=None):
@@ -263,14 +267,16 @@ def analyse(summaries, labels, variants, reference, seeds, target=None):
         # "ratio": the exact ratio; "ratio_below": a bound on it, where the variant reaches the target
         # below its smallest compute ("ratio" < "ratio_below"); None where there is neither
         needs[variant] = {"reached": side, "compute": compute if side == "inside" else None, "ratio": None,
-                          "ratio_below": None, "ratio_per_seed": [], "ratio_below_per_seed": []}
+                          "ratio_below": None, "ratio_per_seed": [], "ratio_below_per_seed": [], "reached_per_seed": []}
         if target is not None and reference in variants:
-            needs[variant]["ratio"], needs[variant]["ratio_below"] = compute_ratio(summaries, labels, variant,
-                                                                                   reference, target)
+            needs[variant]["ratio"], needs[variant]["ratio_below"], _ = compute_ratio(summaries, labels, variant,
+                                                                                      reference, target)
             per_seed = [compute_ratio(summaries, labels, variant, reference, per_seed_target, seed)
                         for seed in range(seeds)]
-            needs[variant]["ratio_per_seed"] = [ratio for ratio, _ in per_seed]
-            needs[variant]["ratio_below_per_seed"] = [below for _, below in per_seed]
+            needs[variant]["ratio_per_seed"] = [ratio for ratio, _, _ in per_seed]
+            needs[variant]["ratio_below_per_seed"] = [below for _, below, _ in per_seed]
+            # "beyond" is "out of range"; None is no reading at all (that seed's curve does not fall, say)
+            needs[variant]["reached_per_seed"] = [side for _, _, side in per_seed]
     alphas = {v: alphas_per_seed(summaries, labels, v, seeds) if fits[v] and seeds > 1 else [] for v in variants}
     return {"reference": reference, "target_loss": target, "fits": fits, "compute_for_target": needs,
             "no_fit": {v: why_no_fit(points[v][0]) for v in variants}, "alpha_per_seed": alphas,
@@ -339,10 +345,12 @@ def times(ratio):
     return f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.2g}x"  # 0.0031x, not 0.00x
 
 
-def ratio_text(ratio, below):
+def ratio_text(ratio, below, reached="beyond"):
     if ratio is not None:
         return times(ratio)
-    return f"< {times(below)}" if below is not None else BEYOND_LARGEST
+    if below is not None:
+        return f"< {times(below)}"
+    return BEYOND_LARGEST if reached == "beyond" else "n/a"
 
 
 def ratio_cell(analysis, variant):
@@ -354,7 +362,8 @@ def ratio_cell(analysis, variant):
         return reason or BEYOND_LARGEST
     cell = ratio_text(need["ratio"], need["ratio_below"])
     cell += f" ({BELOW_SMALLEST})" if need["ratio_below"] is not None else ""
-    seeds = [ratio_text(*pair) for pair in zip(need["ratio_per_seed"], need["ratio_below_per_seed"])]
+    seeds = [ratio_text(*reading) for reading in zip(need["ratio_per_seed"], need["ratio_below_per_seed"],
+                                                     need["reached_per_seed"])]
     return cell + (f" (per seed: {', '.join(seeds)})" if len(seeds) > 1 else "")
 
 

@@ -800,6 +800,19 @@ def test_no_ratio_where_the_reference_reaches_the_target_outside_its_range():
                                                       "range")
 
 
+def test_a_seed_whose_curves_give_no_reading_is_no_ratio_rather_than_out_of_range():
+    """'out of range' says the variant needs more than its largest budget. Seed 1's standard loss rises with
+    compute, so its curve reaches no target: standard itself is no reading there, not out of its own range."""
+    rows, budgets = synthetic_summaries(["standard", "efficient"])
+    for row in rows:
+        if row["seed"] == 1 and row["attention"] == "standard":
+            row["final_val_loss"] = 2.0 + 0.01 * math.log10(row["training_flops"])
+    analysis = frontier.analyse(rows, list(budgets), ["standard", "efficient"], "standard", 2)
+    assert frontier.ratio_cell(analysis, "standard") == "1.00x (per seed: 1.00x, n/a)"
+    assert analysis["compute_for_target"]["standard"]["reached_per_seed"] == ["inside", None]
+    assert analysis["compute_for_target"]["efficient"]["reached_per_seed"] == ["beyond", None]  # 1.5x: past its range
+
+
 def test_without_a_fit_of_the_reference_the_target_is_its_loss_at_the_largest_size():
     rows, _ = synthetic_summaries(["standard", "efficient"])
     rows = [r for r in rows if r["size"] in ("s", "m")]
