@@ -359,7 +359,9 @@ def ratio_cell(analysis, variant):
         reason = no_compute_reason(analysis, variant) or no_compute_reason(analysis, reference)
         if not reason and analysis["compute_for_target"][reference]["reached"] != "inside":  # a target given
             reason = f"n/a: {reference}'s curve reaches the target outside its measured range"
-        return reason or BEYOND_LARGEST
+        if reason:
+            return reason
+    # out of range too keeps its seeds' readings: where the fit of the mean is least sure, they may differ
     cell = ratio_text(need["ratio"], need["ratio_below"])
     cell += f" ({BELOW_SMALLEST})" if need["ratio_below"] is not None else ""
     seeds = [ratio_text(*reading) for reading in zip(need["ratio_per_seed"], need["ratio_below_per_seed"],

@@ -684,7 +684,7 @@ def test_a_variant_better_than_the_measured_range_is_not_out_of_range(tmp_path):
            if line.startswith("| ")}
     assert row["super"].endswith("| below smallest budget (< 1e+10) | < 0.001x (below smallest budget) "
                                  "(per seed: < 0.001x, < 0.001x) |")
-    assert row["efficient"].endswith("| out of range | out of range |")
+    assert row["efficient"].endswith("| out of range | out of range (per seed: out of range, out of range) |")
     assert row["standard"].endswith("| 1e+13 | 1.00x (per seed: 1.00x, 1.00x) |")
     need = json.loads((tmp_path / "results.json").read_text())["analysis"]["compute_for_target"]
     assert need["super"]["reached"] == "below" and need["super"]["compute"] is None
@@ -798,6 +798,18 @@ def test_no_ratio_where_the_reference_reaches_the_target_outside_its_range():
     assert need["ratio_per_seed"] == need["ratio_below_per_seed"] == [None, None]
     assert frontier.ratio_cell(analysis, "super") == ("n/a: standard's curve reaches the target outside its measured "
                                                       "range")
+
+
+def test_a_ratio_out_of_range_still_gives_each_seeds_own():
+    """Efficient needs 1.5x standard's compute in seed 0 and 0.9x in seed 1: the fit of the mean reaches
+    standard's loss only past its range, while seed 1's own curve reaches it inside."""
+    rows, budgets = synthetic_summaries(["standard", "efficient"])
+    for row in rows:
+        if row["attention"] == "efficient":
+            row["final_val_loss"] = 1.0 + 30.0 * (row["training_flops"] / (1.5, 0.9)[row["seed"]]) ** -0.1
+    analysis = frontier.analyse(rows, list(budgets), ["standard", "efficient"], "standard", 2)
+    assert analysis["compute_for_target"]["efficient"]["reached"] == "beyond"
+    assert frontier.ratio_cell(analysis, "efficient") == "out of range (per seed: out of range, 0.90x)"
 
 
 def test_a_seed_whose_curves_give_no_reading_is_no_ratio_rather_than_out_of_range():
