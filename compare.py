@@ -57,6 +57,7 @@ from tokenizer import TokenizerUnavailableError, read_meta, tokenizer_from_meta
 
 HELLASWAG_NAME = "compare_hellaswag.json"  # in each run's folder: its scores, and what they score
 BUDGET_FLAGS = {"tokens": "budget_tokens", "flops": "budget_flops", "time": "budget_seconds"}
+BUDGET_UNITS = {"iters": "iterations", "tokens": "tokens", "flops": "training FLOPs", "time": "seconds"}
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -194,7 +195,7 @@ def parse_learning_rates(parser, text):
 
 def describe_plan(args, plan, budgets):
     """The resolved iterations of every run, printed before anything trains."""
-    unit = {"iters": "iterations", "tokens": "tokens", "flops": "training FLOPs", "time": "seconds"}[args.match]
+    unit = BUDGET_UNITS[args.match]
     origin = "given" if args.budget else f"{args.reference}'s at max_iters"
     lines = [f"plan: {len(plan)} runs, --match={args.match}: each size's budget in {unit} ({origin}): "
              + ", ".join(f"{label} {budget:.4g}" for label, budget in budgets.items())]
@@ -280,7 +281,8 @@ def write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir
     extra = {"command": command, "config": args.config, "train_overrides": train_overrides, "match": args.match,
              "reference": args.reference, "seeds": args.seeds, "learning_rates": args.learning_rates}
     return frontier.write_report(out_dir, header, plan, budgets, list(summaries.values()), variants=args.variants,
-                                 reference=args.reference, seeds=args.seeds, extra=extra)
+                                 reference=args.reference, seeds=args.seeds, extra=extra,
+                                 budget_unit=BUDGET_UNITS[args.match])
 
 
 def score_hellaswag(args, plan, summaries, report, out_dir):

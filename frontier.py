@@ -369,12 +369,15 @@ def ratio_cell(analysis, variant):
     return cell + (f" (per seed: {', '.join(seeds)})" if len(seeds) > 1 else "")
 
 
-def summary_table(summaries, labels, budgets, analysis, variants, n_seeds):
-    """Per variant: the val loss at every size's budget, the fit, and the compute for the target loss;
-    under it, how to read the fit cells where they need it."""
+def summary_table(summaries, labels, budgets, analysis, variants, n_seeds, budget_unit=""):
+    """Per variant: the val loss at every size's budget (in budget_unit: iterations, tokens, training FLOPs
+    or seconds, as --match set it), the fit, and the compute for the target loss; under it, how to read
+    the fit cells where they need it."""
     target, reference = analysis["target_loss"], analysis["reference"]
     target_title = "compute for loss " + (f"{target:.4f}" if target is not None else "(none)")
-    lines = ["| attention | " + " | ".join(f"val loss at {label} (budget {budgets[label]:.3g})" for label in labels)
+    unit = f" {budget_unit}" if budget_unit else ""
+    lines = ["| attention | " + " | ".join(f"val loss at {label} (budget {budgets[label]:.3g}{unit})"
+                                          for label in labels)
              + f" | fit of val loss on training FLOPs | {target_title} | ratio to {reference} |",
              "|---|" + "---:|" * len(labels) + "---|---:|---:|"]
     for variant in variants:
@@ -613,9 +616,10 @@ def mixed_setups_note(summaries):
             f"memory do not compare across set-ups, nor do their losses where the dtype differs.")
 
 
-def write_report(out_dir, header, plan, budgets, summaries, *, variants, reference, seeds, extra):
+def write_report(out_dir, header, plan, budgets, summaries, *, variants, reference, seeds, extra, budget_unit=""):
     """results.md (a table per size, then the summary and the fit), results.json, loss.png of the
-    largest size's first seed and frontier.png (where matplotlib is installed); returns the markdown."""
+    largest size's first seed and frontier.png (where matplotlib is installed); returns the markdown.
+    budget_unit names what the budgets count, in the summary's titles."""
     labels, every_run, every_planned = list(budgets), summaries, [run.as_dict() for run in plan]
     lr_section, summaries, plan, best_lr = keep_best_learning_rates(summaries, plan, labels, variants, seeds)
     by_size = {label: {v: aggregate([r for r in summaries if r["size"] == label and r["attention"] == v])
@@ -625,7 +629,8 @@ def write_report(out_dir, header, plan, budgets, summaries, *, variants, referen
     for label in labels:
         sections.append(f"## {label}\n\n{markdown_table(by_size[label], seeds)}\n\n{rank_note(seeds)}")
     if len(labels) > 1:
-        sections.append(f"## Summary\n\n{summary_table(summaries, labels, budgets, analysis, variants, seeds)}")
+        summary = summary_table(summaries, labels, budgets, analysis, variants, seeds, budget_unit)
+        sections.append(f"## Summary\n\n{summary}")
     markdown = "\n\n".join(sections) + "\n"
     write_text_atomic(out_dir / "results.md", markdown)
     write_text_atomic(out_dir / "results.json", json.dumps(

@@ -310,6 +310,15 @@ def test_sizes_scale_the_mlp_width_and_key_value_heads_at_the_configs_ratio(tiny
                                               "query heads (n_kv_head=1, n_head=2), which do not divide its n_head=3")
 
 
+def test_the_summary_names_the_unit_of_each_sizes_budget(tiny_run):
+    """--match=iters budgets 2 iterations at every size, not 2 FLOPs beside a fit on FLOPs."""
+    config, out_dir = tiny_run
+    assert compare.main([str(config), "--variants=standard", "--sizes=1x1x16,1x2x16", "--max_iters=2",
+                         f"--out_dir={out_dir}"]) == 0
+    summary = (out_dir / "results.md").read_text().split("## Summary")[1]
+    assert "| val loss at 1x1x16 (budget 2 iterations) | val loss at 1x2x16 (budget 2 iterations) |" in summary
+
+
 def test_a_run_of_one_iteration_still_evaluates_every_iteration(tiny_run):
     config, out_dir = tiny_run
     runs, _ = plan(config, out_dir, "--variants=standard", "--match=tokens", "--budget_tokens=64", "--max_iters=6",
