@@ -29,6 +29,7 @@ the resume point is the folder ckpt_sharded/ (every rank writes its shards; dist
 """
 
 import math
+import os
 import sys
 import time
 import uuid
@@ -97,6 +98,7 @@ class Run:
     out_dir_lock: object = None
     # a new run in an out_dir an earlier run checkpointed replaces that run's files at its first save
     keeps_earlier_run: bool = False
+    stdout_closed: bool = False  # its reader stopped reading: the run stops as on a SIGTERM
 
     def __post_init__(self):
         self.master = self.rank == 0
@@ -106,7 +108,11 @@ class Run:
 
     def say(self, *args):
         if self.verbose and self.master:
-            print(*args, flush=True)
+            try:
+                print(*args, flush=True)
+            except BrokenPipeError:  # `train.py | head`: the loop stops at its next step, with a checkpoint
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # later lines go nowhere
+                self.stdout_closed = True
 
     def elapsed(self):
         """Seconds since this process started the run."""
@@ -181,6 +187,10 @@ def train(config, verbose=True):
             summary = train_loop(run, signals, threads)
             if ddp:
                 dist.barrier()  # no rank tears down its connections while another still uses them
+            # saved and stopped; one process ends as for any closed pipe, the ranks of DDP with 0, as for a signal
+            # (torchrun would call a rank's 141 a failure)
+            if run.stdout_closed and not ddp:
+                raise BrokenPipeError(f"stdout was closed; the run stopped at iteration {run.iter_num}")
             return summary
         finally:
             if run.out_dir_lock is not None:
@@ -481,7 +491,7 @@ def train_loop(run, signals, threads):
 def stop_on_signal(run, signals):
     """Save a checkpoint to resume from, unless that would replace an earlier run's before this run has
     saved once: a Ctrl-C meant to stop a command that forgot --init_from=resume must not cost that run."""
-    run.stop_reason = signals.received or "signal on another rank"
+    run.stop_reason = signals.received or ("closed stdout" if run.stdout_closed else "signal on another rank")
     if run.keeps_earlier_run:
         run.say(f"received {run.stop_reason}: stopping at iteration {run.iter_num} without a checkpoint, as this run "
                 f"has not saved yet and {run.out_dir / CHECKPOINT_NAME} is an earlier run's, kept as it was")
@@ -506,7 +516,8 @@ def forward_backward(run, signals):
             loss_sum += loss.detach().float()
             run.scaler.scale(loss / accum).backward()
     # one small collective per step: the mean loss over all ranks, and whether any rank was signalled
-    flags = torch.stack([loss_sum / accum, torch.tensor(float(signals.received is not None), device=run.device)])
+    flags = torch.stack([loss_sum / accum, torch.tensor(float(signals.received is not None or run.stdout_closed),
+                                                         device=run.device)])
     if run.ddp:
         dist.all_reduce(flags)
         flags[0] /= run.world_size
@@ -681,6 +692,8 @@ def main(argv=None):
     except (DataError, CheckpointError, PretrainedUnavailableError, NonFiniteLossError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
+    except BrokenPipeError:  # a closed stdout: run_script's quiet exit (141), as for the other scripts
+        raise
     except OSError as e:  # the log or summary on a disk that filled up, say: a checkpoint is written whole or not at all
         print(f"error: {e}; the last checkpoint saved in out_dir, if any, is whole", file=sys.stderr, flush=True)
         return 1

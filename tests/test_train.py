@@ -600,6 +600,28 @@ def test_help_into_a_closed_pipe_is_quiet():
     child.stderr.close()
 
 
+def test_training_into_a_closed_pipe_saves_stops_and_resumes(tmp_path, data_dir):
+    """`python train.py ... | head`: the reader's exit stops the run as a SIGTERM does, at its next step and
+    with a checkpoint, and as quietly as the other scripts (status 141), not with an error that drops the
+    iterations since the last save."""
+    config = tiny(tmp_path, data_dir, max_iters=100_000, lr_decay_iters=100_000, eval_interval=100_000)
+    child = subprocess.Popen([sys.executable, str(REPO / "train.py"), *(f"--{k}={v!r}" for k, v in config.items())],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env(), text=True)
+    for line in child.stdout:
+        if line.startswith("iter 3:"):
+            break
+    else:
+        pytest.fail(f"train.py ended before its third iteration: {child.stderr.read()}")
+    child.stdout.close()  # the next line train.py writes finds no reader
+    assert child.wait(timeout=120) == 141 and child.stderr.read() == ""
+    child.stderr.close()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["stop_reason"] == "closed stdout" and summary["iterations"] >= 3
+    assert load_checkpoint(tmp_path / "out")["iter_num"] == summary["iterations"]
+    resumed = T.train(config | {"init_from": "resume", "max_iters": summary["iterations"] + 2}, verbose=False)
+    assert resumed["stop_reason"] == "max_iters" and resumed["iterations"] == summary["iterations"] + 2
+
+
 @contextlib.contextmanager
 def held_out_dir(out_dir):
     """out_dir's lock, held by another process (a live run, as far as the lock shows) until the block ends."""
