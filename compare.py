@@ -48,7 +48,7 @@ import frontier
 import sweep
 from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, CheckpointError
-from configurator import DEFAULT_CONFIG
+from configurator import DEFAULT_CONFIG, from_another_folder
 from data import config_data_dir
 from eval_hellaswag import HellaSwagError, check_encodable, evaluate_checkpoint, load_examples
 from model import ATTENTION_CLASSES, ATTENTION_VARIANTS
@@ -103,7 +103,7 @@ def check_args(parser, args, train_overrides):
     if args.seeds < 1 or args.probe_iters < 2:
         parser.error("--seeds must be at least 1 and --probe_iters at least 2")
     if not Path(args.config).is_file():
-        parser.error(f"config file {args.config} does not exist")
+        parser.error(f"config file {args.config} does not exist{from_another_folder(args.config)}")
     if args.hellaswag_limit is not None and not args.hellaswag_file:  # else silently unused
         parser.error("--hellaswag_limit limits the examples of --hellaswag_file: give the file too")
     if args.launcher:

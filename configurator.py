@@ -171,6 +171,15 @@ def format_override(key, value):
     return f"--{key}={value!r}"
 
 
+def from_another_folder(path):
+    """The hint for a config file missing here that the repository holds at that relative path: the command
+    ran from another folder (config/ and data/ paths are read from the current folder, as in NanoGPT)."""
+    repo, path = Path(__file__).resolve().parent, Path(path)
+    if path.is_absolute() or Path.cwd() == repo or not (repo / path).is_file():
+        return ""
+    return f" in {Path.cwd()}: run the command from the repository's folder ({repo}), where it is"
+
+
 def read_config_file(path, defaults=DEFAULT_CONFIG, config_so_far=None):
     """Execute a plain-Python config file and return the settings it sets. As in NanoGPT, it runs where
     the config so far (the defaults, then earlier files and overrides) is defined, so that one key can
@@ -182,7 +191,7 @@ def read_config_file(path, defaults=DEFAULT_CONFIG, config_so_far=None):
     if not path.is_file():
         key = str(path).split("=", 1)[0]
         hint = f": overrides start with --, as in --{path}" if "=" in str(path) and key in defaults else ""
-        raise ConfigError(f"config file {path} not found{hint}")
+        raise ConfigError(f"config file {path} not found{hint or from_another_folder(path)}")
     before = dict(defaults if config_so_far is None else config_so_far)
     namespace = dict(before)
     try:

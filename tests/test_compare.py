@@ -392,6 +392,14 @@ def test_bad_arguments_are_refused_before_anything_trains(tiny_run, argv, messag
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not out_dir.exists()
 
 
+def test_a_config_file_missing_from_another_folder_says_where_to_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        compare.main(["config/quickstart.py"])
+    assert f"does not exist in {tmp_path}: run the command from the repository's folder ({REPO})" in \
+        capsys.readouterr().err
+
+
 def test_a_mistyped_train_py_key_gets_train_pys_suggestion(tiny_run, capsys):
     config, out_dir = tiny_run
     assert compare.main([str(config), f"--out_dir={out_dir}", "--eval_iter=2"]) == 1  # not --probe_iters

@@ -169,6 +169,17 @@ def test_config_file_errors(tmp_path):
         T.get_config([str(tmp_path)])
 
 
+def test_a_config_file_missing_from_another_folder_says_where_to_run(tmp_path, monkeypatch, capsys):
+    """`cd elsewhere && python /path/to/train.py config/quickstart.py`: the file is the repository's, so
+    the error names the folder to run from, as the data error does."""
+    monkeypatch.chdir(tmp_path)
+    assert T.main(["config/quickstart.py"]) == 1
+    assert capsys.readouterr().err == (f"error: config file config/quickstart.py not found in {tmp_path}: run the "
+                                       f"command from the repository's folder ({REPO}), where it is\n")
+    assert T.main(["config/quikstart.py"]) == 1  # a typo is just not found
+    assert capsys.readouterr().err == "error: config file config/quikstart.py not found\n"
+
+
 def test_a_yaml_style_line_is_an_error_not_a_silent_default(tmp_path):
     """`max_iters: 3` is a Python annotation that sets nothing: the run would take max_iters=600000."""
     config = tmp_path / "config.py"
