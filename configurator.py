@@ -138,8 +138,9 @@ def check_value(key, value, defaults=DEFAULT_CONFIG):
     if key in NUMBER_OR_WORD and type(value) in (int, float):
         return float(value)
     if type(value) is not expected:
+        spelling = ": write True or False, as Python does" if expected is bool else ""  # --compile=false
         raise ConfigError(f"config key {key!r} expects a value of type {expected.__name__}, "
-                          f"got {value!r} of type {type(value).__name__}")
+                          f"got {value!r} of type {type(value).__name__}{spelling}")
     return value
 
 

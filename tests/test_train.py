@@ -130,7 +130,8 @@ def test_an_override_a_later_config_file_sets_again_is_an_error(tmp_path, capsys
 @pytest.mark.parametrize("argv, words", [
     (["--no_such_key=1"], ["no_such_key", "unknown"]),
     (["--max_iters=1.5"], ["max_iters", "int", "float"]),
-    (["--compile=1"], ["compile", "bool", "int"]),
+    (["--compile=1"], ["compile", "bool", "int", "write True or False"]),
+    (["--compile=false"], ["compile", "bool", "str", "write True or False"]),
     (["--learning_rate=fast"], ["learning_rate", "float", "str"]),
     (["--batch_size=True"], ["batch_size", "int", "bool"]),
 ])
