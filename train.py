@@ -271,6 +271,9 @@ def config_notes(run):
         notes.append(f"the run stops at max_iters={c['max_iters']}, before its learning-rate schedule ends "
                      f"(warmup_iters={c['warmup_iters']}, lr_decay_iters={c['lr_decay_iters']}): its last step's rate "
                      f"is {get_lr(c['max_iters'] - 1, c):.2e} (set {fix} to decay within the run)")
+    if c["hellaswag_file"] and not c["hellaswag_interval"] and not c["eval_only"]:
+        notes.append(f"hellaswag_file={c['hellaswag_file']!r} is not scored, as hellaswag_interval=0 (off); set "
+                     f"--hellaswag_interval=N to score it every N iterations")
     if run.device == "cpu" and run.dtype == "float16":
         notes.append("float16 on the CPU is emulated, many times slower than float32 or bfloat16")
     return notes

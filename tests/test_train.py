@@ -1399,6 +1399,10 @@ def test_what_a_config_asks_for_but_seldom_means_is_noted(tmp_path, data_dir, ca
     assert "note: float16 on the CPU is emulated, many times slower than float32 or bfloat16" in out
     T.train({**cfg, "eval_only": True, "init_from": "resume"})  # trains nothing, and changes no setting
     assert "note:" not in capsys.readouterr().out
+    # without hellaswag_interval the file would be silently unused
+    T.train({**cfg, "hellaswag_file": "hs.jsonl", "out_dir": str(tmp_path / "hellaswag")})
+    assert ("note: hellaswag_file='hs.jsonl' is not scored, as hellaswag_interval=0 (off); set "
+            "--hellaswag_interval=N to score it every N iterations") in capsys.readouterr().out
 
 
 def test_a_resume_notes_the_settings_changed_since_its_checkpoint(tmp_path, data_dir, capsys):
