@@ -123,6 +123,9 @@ def check_args(parser, args, train_overrides):
         parser.error(str(e))
     args.learning_rates = parse_learning_rates(parser, args.learning_rates)
     for override in train_overrides:
+        if override.endswith(".py") and not override.startswith("--"):  # train.py takes several, as NanoGPT
+            parser.error(f"{override!r}: compare.py takes one config file; put its settings in {args.config} (or a "
+                         f"copy of it), or pass them as --key=value")
         if not override.startswith("--") or "=" not in override:
             parser.error(f"{override!r}: train.py settings are passed as --key=value")
         key, value = override[2:].split("=", 1)

@@ -375,6 +375,7 @@ def test_the_timing_probe_runs_under_the_sweeps_launcher(tiny_run):
     (["--launcher= "], "--launcher is blank"),
     ([f"--launcher={sys.executable} train.py --standalone --nproc_per_node=2"], "compare.py adds train.py and its"),
     (["--seeds=0"], "--seeds must be at least 1"),
+    (["config/quickstart.py"], "'config/quickstart.py': compare.py takes one config file; put its settings in"),
     (["--match=flops", "--budget_flops=0"], "must be a positive number"),
     (["--init_from=resume"], "sets attention, seed, out_dir and init_from itself"),
     (["--learning_rates=1e-3", "--learning_rate=1e-2"], "each run's learning_rate and min_lr are set from the list"),
