@@ -329,6 +329,12 @@ def resolve_config(config):
     if c["decay_lr"] and c["min_lr"] > c["learning_rate"]:
         raise bad("min_lr", f"exceeds learning_rate={c['learning_rate']!r}, so the cosine 'decay' would raise the "
                   f"rate: set min_lr below it (usually learning_rate / 10)")
+    dataset = Path(c["dataset"])
+    if not c["data_dir"] and len(dataset.parts) > 1 and dataset.is_dir() and not (Path("data") / dataset).is_dir():
+        # --dataset=data/shakespeare_char would read data/data/shakespeare_char
+        raise bad("dataset", f"a dataset is the name of a folder under data/, so this reads data/{c['dataset']}, "
+                  f"which does not exist: write --dataset={dataset.name} (or give a path as "
+                  f"--data_dir={c['dataset']})")
     if c["hellaswag_interval"] and not c["hellaswag_file"]:
         raise bad("hellaswag_file", "hellaswag_interval is on, so name a HellaSwag jsonl file")
     if c["hellaswag_interval"] and not Path(c["hellaswag_file"]).is_file():

@@ -350,6 +350,21 @@ def test_a_missing_dataset_names_the_command_that_makes_it(data_dir, command, tm
     assert command in str(err.value)
 
 
+def test_a_dataset_given_as_its_path_under_data_says_to_name_it(tmp_path, data_dir, monkeypatch, capsys):
+    """`--dataset=data/shakespeare_char` would read data/data/shakespeare_char, and the error said to prepare
+    that folder: the dataset is there already, under its name."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "shakespeare_char").symlink_to(data_dir)
+    monkeypatch.chdir(tmp_path)
+    config = {k: v for k, v in tiny(tmp_path, data_dir).items() if k != "data_dir"}
+    assert T.main([*(f"--{k}={v!r}" for k, v in config.items()), "--dataset=data/shakespeare_char"]) == 1
+    assert capsys.readouterr().err == (
+        "error: config key 'dataset'='data/shakespeare_char': a dataset is the name of a folder under data/, so this "
+        "reads data/data/shakespeare_char, which does not exist: write --dataset=shakespeare_char (or give a path "
+        "as --data_dir=data/shakespeare_char)\n")
+    assert T.train(config | {"dataset": "shakespeare_char", "max_iters": 1}, verbose=False)["iterations"] == 1
+
+
 def test_a_resume_on_as_many_other_characters_is_refused(tmp_path, data_dir, capsys):
     """The vocabulary sizes agree, so the weights load; but each id would stand for another character."""
     T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)
