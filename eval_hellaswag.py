@@ -122,6 +122,8 @@ def _check_example(example):
     endings = example.get("endings")
     if not (isinstance(endings, list) and len(endings) == NUM_ENDINGS and all(isinstance(e, str) for e in endings)):
         return f'"endings" must be a list of {NUM_ENDINGS} strings'
+    if "label" not in example:  # as in the official hellaswag_test.jsonl, whose answers are not public
+        return 'missing "label", the right ending (HellaSwag\'s test file has none: score the validation file)'
     label = example.get("label")
     # the official file has ints; other copies sometimes strings. int() would also take 1.7 (as 1) and True
     if not (type(label) is int or isinstance(label, str) and re.fullmatch(r"[0-9]+", label)):

@@ -295,6 +295,8 @@ def test_load_examples_limit_and_blank_lines(tmp_path):
     (json.dumps({**example(SET1, 0), "label": True}), '"label" must be an integer 0..3, got True'),
     (json.dumps({**example(SET1, 0), "label": "+1"}), '"label" must be an integer 0..3, got \'+1\''),
     (json.dumps({k: v for k, v in example(SET1, 0).items() if k != "ctx"}), 'missing "ctx"'),
+    (json.dumps({k: v for k, v in example(SET1, 0).items() if k != "label"}),
+     'missing "label", the right ending (HellaSwag\'s test file has none: score the validation file)'),
     (json.dumps({**example(SET1, 0), "ctx_a": None}), '"ctx_a" must be a string'),
     ("[1, 2]", "expected a JSON object"),
 ])
