@@ -266,7 +266,7 @@ def config_notes(run):
         notes.append("eval_only with init_from='scratch' evaluates a new, untrained model" +
                      (f"; --init_from=resume evaluates {run.out_dir / CHECKPOINT_NAME}"
                       if (run.out_dir / CHECKPOINT_NAME).exists() else ""))
-    elif not c["eval_only"] and c["decay_lr"] and c["max_iters"] < c["lr_decay_iters"]:
+    elif not c["eval_only"] and c["decay_lr"] and 0 < c["max_iters"] < c["lr_decay_iters"]:  # 0: no step, no rate
         fix = "lr_decay_iters=max_iters" + (", and warmup_iters below it," if c["warmup_iters"] >= c["max_iters"] else "")
         notes.append(f"the run stops at max_iters={c['max_iters']}, before its learning-rate schedule ends "
                      f"(warmup_iters={c['warmup_iters']}, lr_decay_iters={c['lr_decay_iters']}): its last step's rate "

@@ -1414,6 +1414,8 @@ def test_what_a_config_asks_for_but_seldom_means_is_noted(tmp_path, data_dir, ca
     assert "note: float16 on the CPU is emulated, many times slower than float32 or bfloat16" in out
     T.train({**cfg, "eval_only": True, "init_from": "resume"})  # trains nothing, and changes no setting
     assert "note:" not in capsys.readouterr().out
+    T.train({**cfg, "max_iters": 0, "out_dir": str(tmp_path / "no_steps")})  # no last step to give the rate of
+    assert "note:" not in capsys.readouterr().out
     # without hellaswag_interval the file would be silently unused
     T.train({**cfg, "hellaswag_file": "hs.jsonl", "out_dir": str(tmp_path / "hellaswag")})
     assert ("note: hellaswag_file='hs.jsonl' is not scored, as hellaswag_interval=0 (off); set "
