@@ -169,6 +169,17 @@ def main(argv=None):
     return 0
 
 
+def check_out_dir(out_dir):
+    """Before any text is read or downloaded: a file where out_dir, or a folder above it, would be is an
+    error that says so (mkdir's own 'File exists' reads as if the dataset were there already)."""
+    existing = Path(out_dir).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PrepareError(f"cannot write the dataset to {out_dir}: {existing} is a file, not a folder "
+                           f"(choose another --out_dir)")
+
+
 def prepare_from_args(args, out_dir):
     """Read or download the text the arguments name and prepare it in out_dir; return its meta."""
     if args.input and args.corpus == "stdlib":  # which corpus, and which default out_dir, would be a guess
@@ -176,6 +187,7 @@ def prepare_from_args(args, out_dir):
     if args.max_chars and args.corpus != "stdlib":  # not silently ignored: the whole text would be prepared
         raise PrepareError("--max_chars cuts the stdlib corpus only (--corpus=stdlib); to prepare part of a text, "
                            "give --input a file holding that part")
+    check_out_dir(out_dir)
     if args.input:
         text = read_text_file(args.input)
         source = f"file:{Path(args.input).name}"

@@ -179,11 +179,11 @@ def test_a_dataset_made_from_another_source_is_replaced_saying_so(tmp_path, caps
 
 
 def test_an_out_dir_that_cannot_be_written_is_an_error_line(tmp_path, capsys):
-    src = tmp_path / "text.txt"
-    src.write_text("some text\n" * 20)
     (tmp_path / "taken").write_text("a file, not a folder")
-    assert P.main([f"--input={src}", f"--out_dir={tmp_path / 'taken'}"]) == 1
-    assert one_error_line(capsys).startswith("error: cannot write the dataset: ")
+    for out_dir in (tmp_path / "taken", tmp_path / "taken" / "sub"):
+        assert P.main(["--corpus=stdlib", f"--out_dir={out_dir}"]) == 1  # said before the corpus is built
+        assert one_error_line(capsys) == (f"error: cannot write the dataset to {out_dir}: {tmp_path / 'taken'} is a "
+                                          f"file, not a folder (choose another --out_dir)\n")
 
 
 def test_meta_carries_the_fingerprint_of_the_train_text(tmp_path):
