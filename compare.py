@@ -210,6 +210,10 @@ def describe_plan(args, plan, budgets):
         lines.append(f"  run {k:>3}: {run.size:>10} {run.variant:>10}{lr} seed {run.seed}: {run.iterations:>7,} iters, "
                      f"warmup {run.schedule['warmup_iters']:,}, eval every {run.schedule['eval_interval']:,}, "
                      f"{run.training_flops:.4g} training FLOPs")
+    all_warmup = sum(run.iterations > 1 and run.schedule["warmup_iters"] >= run.iterations - 1 for run in plan)
+    if all_warmup:  # the config's warmup, scaled, outlasted the run and was cut to its last step
+        lines.append(f"note: the warmup takes every step but the last in {all_warmup} of the {len(plan)} runs, so "
+                     f"their learning rate never decays: pass a smaller --warmup_iters= (it scales with each run)")
     return "\n".join(lines)
 
 

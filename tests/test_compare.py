@@ -226,9 +226,15 @@ def test_iteration_matched_runs_decay_over_their_own_iterations(tiny_run):
         assert run.schedule == {"max_iters": 5, "lr_decay_iters": 5, "warmup_iters": 4, "eval_interval": 5}
         c = configurator.resolve_config(configurator.get_config(run.train_args))
         assert (c["max_iters"], c["lr_decay_iters"], c["warmup_iters"]) == (5, 5, 4)  # what train.py is given
+    args = compare.parse_args([str(config), f"--out_dir={out_dir}", "--variants=standard,efficient"])[0]
+    assert compare.describe_plan(args, runs, {"1x2x16": 5}).endswith(
+        "note: the warmup takes every step but the last in 2 of the 2 runs, so their learning rate never decays: "
+        "pass a smaller --warmup_iters= (it scales with each run)")
     # an --lr_decay_iters that the config's warmup_iters would refuse is replaced all the same, not refused
     runs, _ = plan(config, out_dir, "--variants=standard", "--max_iters=5", "--lr_decay_iters=5", "--warmup_iters=20")
     assert runs[0].schedule["lr_decay_iters"] == 5 and runs[0].schedule["warmup_iters"] == 4
+    runs, _ = plan(config, out_dir, "--variants=standard", "--max_iters=5", "--warmup_iters=3")
+    assert "note: the warmup" not in compare.describe_plan(args, runs, {"1x2x16": 5})
 
 
 def test_a_budget_stopped_run_ends_on_its_schedules_final_learning_rate(tiny_run):
