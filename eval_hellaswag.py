@@ -515,7 +515,7 @@ def parse_args(argv=None):
     p.add_argument("--data_file", default=None, help="a local HellaSwag-format jsonl (default: download the official validation set)")
     p.add_argument("--cache_dir", default=str(DEFAULT_CACHE_DIR), help="where the official file is downloaded to once")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
-    p.add_argument("--batch_size", type=int, default=1, help="examples per forward pass (each is up to 8 sequences)")
+    p.add_argument("--batch_size", type=int, default=1, help="examples per forward pass (each is up to 8 sequences: its 4 endings in NanoGPT's view and in the harness's, a duplicate scored once)")
     p.add_argument("--output", default=None, help="results JSON (default: hellaswag.json beside the checkpoint, or hellaswag_<model>.json)")
     p.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
     return p.parse_args(argv)
