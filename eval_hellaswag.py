@@ -502,8 +502,9 @@ def print_accuracies(results):
             print(f"{m:>14}: n/a (needs {', '.join(HARNESS_FIELDS)} in every example)")
         else:
             print(f"{m:>14}: {results[m]:.4f}  ({results['correct'][m]}/{results['n']})")
-    if results["n_endings_truncated"]:
-        print(f"note: {results['n_endings_truncated']} endings were longer than block_size and only partly scored")
+    n = results["n_endings_truncated"]
+    if n:
+        print(f"note: {n} ending{' was' if n == 1 else 's were'} longer than block_size and only partly scored")
 
 
 # -----------------------------------------------------------------------------

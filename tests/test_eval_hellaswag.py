@@ -275,6 +275,13 @@ def test_endings_longer_than_the_block_are_counted_per_example():
     assert eh.evaluate(model, [long, short, long], tok, batch_size=2)["n_endings_truncated"] == 4
 
 
+@pytest.mark.parametrize("n, note", [(1, "1 ending was longer"), (4, "4 endings were longer")])
+def test_the_truncation_note_counts_its_endings(n, note, capsys):
+    eh.print_accuracies({**{m: 0.25 for m in eh.METRICS}, "correct": {m: 1 for m in eh.METRICS}, "n": 4,
+                         "n_endings_truncated": n})
+    assert f"note: {note} than block_size and only partly scored\n" in capsys.readouterr().out
+
+
 # -----------------------------------------------------------------------------
 # data loading
 
