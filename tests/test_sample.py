@@ -311,3 +311,15 @@ def test_samples_from_a_gpt2_bpe_checkpoint(tmp_path, capsys):
                          "--num_samples", 1, "--dtype", "bfloat16")
     assert code == 0, err
     assert out.startswith("Hello, world") and "8 tokens in" in err and "bfloat16" in err
+
+
+def test_ids_of_the_models_padded_vocab_are_skipped_in_the_text():
+    """GPT-2's model vocab is padded from 50257 to 50304, and an undertrained model samples the padding:
+    the text leaves those ids out rather than failing to decode them."""
+    from tokenizer import CharTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = CharTokenizer("abc")
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=5)).eval()  # 2 padding ids
+    [text], _ = sample.sample(model, tokenizer, [0], num_samples=1, max_new_tokens=60, temperature=5.0, top_k=None)
+    assert set(text) <= set("abc") and 0 < len(text) < 61  # the padding ids were sampled and skipped
