@@ -330,7 +330,8 @@ ATTENTION_CLASSES = {
     "efficient": EfficientAttention,
     "super": SuperAttention,
 }
-ATTENTION_VARIANTS = ("standard", "optimized", "efficient", "super")  # the paper's four
+# the paper's four, compare.py's default; the registry above may hold more (docs/adding-a-variant.md)
+ATTENTION_VARIANTS = ("standard", "optimized", "efficient", "super")
 # OpenAI's four GPT-2 sizes (124M, 350M, 774M, 1558M) as (n_layer, n_head, n_embd), as their hub configs say
 GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
                "gpt2-xl": (48, 25, 1600)}
