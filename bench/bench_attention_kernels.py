@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import functools
 import re
+import statistics
 import sys
 import time
 import warnings
@@ -91,7 +92,7 @@ def time_steps(run, args):
         run()
         synchronize(args.device)
         times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def peak_extra_bytes(run, args):

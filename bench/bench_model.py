@@ -24,6 +24,7 @@ by the operators each fuses.
 
 import argparse
 import importlib.util
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -112,7 +113,7 @@ def time_round_robin(steps, args):
             step()
             synchronize(args.device)
             times[name].append(time.perf_counter() - t0)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}  # medians
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def bench(shape, batch, args, nanogpt, peak):

@@ -436,6 +436,16 @@ def test_bench_model_reports_the_median_of_the_timed_steps_after_the_warmup(monk
     assert calls == ["a", "b"] + ["a", "b"] * 3  # the warm-up, then one step of each in turn
 
 
+def test_bench_model_median_of_an_even_number_of_steps_is_the_mean_of_the_middle_two(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(bench_model, "time", clock)
+    seconds = iter([4.0, 1.0, 2.0])  # --repeats=4 --warmup=0 (as --repeats=30 on a GPU): the middle two are 2 and 4
+
+    def step():
+        clock.now += next(seconds, 9.0)
+    assert bench_model.time_round_robin({"a": step}, SimpleNamespace(device="cpu", warmup=0, repeats=4)) == {"a": 3.0}
+
+
 def test_bench_model_rows_turn_a_step_time_into_ms_tokens_per_s_and_mfu(tmp_path, monkeypatch):
     (tmp_path / "model.py").write_text(NANOGPT_LIKE)
     monkeypatch.setattr(bench_model, "time_round_robin", lambda steps, args: {name: 0.25 for name in steps})
@@ -601,6 +611,16 @@ def test_attention_kernels_time_is_the_median_after_the_warmup(monkeypatch):
     def run():
         clock.now += next(seconds)
     assert bench_attention_kernels.time_steps(run, SimpleNamespace(device="cpu", warmup=1, repeats=3)) == 2.0
+
+
+def test_attention_kernels_median_of_an_even_number_of_steps_is_the_mean_of_the_middle_two(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(bench_attention_kernels, "time", clock)
+    seconds = iter([8.0, 1.0, 2.0, 4.0])
+
+    def run():
+        clock.now += next(seconds)
+    assert bench_attention_kernels.time_steps(run, SimpleNamespace(device="cpu", warmup=0, repeats=4)) == 3.0
 
 
 def test_attention_kernels_table_times_in_ms_against_the_first_shapes_default(capsys):
