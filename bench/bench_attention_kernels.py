@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
-from bench_train import header  # noqa: E402  (bench/ is on the path when run as a script)
+from machine import header  # noqa: E402  (bench/ is on the path when run as a script)
 from profiling import short_kernel_name, time_by_name, traced_events  # noqa: E402
 from model import attention_by_matmuls  # noqa: E402
 from runtime import DTYPES, resolve_device_and_dtype, synchronize  # noqa: E402
@@ -215,7 +215,7 @@ def parse_args(argv=None):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    print(header("bench_attention_kernels.py", argv))
+    print(header("bench_attention_kernels.py", argv, args.device))
     print(f"# {args.device}, {args.dtype}, causal, batch {args.batch}, T {args.seq_len}; forward+backward, "
           f"median of {args.repeats} after {args.warmup} warm-up", flush=True)
     results = [{"heads": heads, "d_k": d_k, "rows": bench_shape(heads, d_k, args)} for heads, d_k in args.shapes]

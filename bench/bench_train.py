@@ -51,7 +51,8 @@ sys.path.insert(0, str(REPO))  # the repo's modules, from bench/
 from checkpoint import LOG_NAME, SUMMARY_NAME
 from configurator import ConfigError, get_config, resolve_config
 from launcher import child_pids
-from runtime import machine_name, sigterm_as_ctrl_c
+from machine import header
+from runtime import sigterm_as_ctrl_c
 from tokenizer import GPT2_VOCAB_SIZE, write_meta, write_tokens_atomically
 
 DEFAULT_CONFIGS = ["config/train_llama1b_efficient_c4.py", "config/train_tinyllama_standard_c4.py"]
@@ -65,12 +66,6 @@ OWN_KEYS = ("out_dir", "data_dir", "max_iters", "init_from", "parallelism", "lea
 SECONDS_PER_DAY = 86400
 FAILED_RUN_LINES = 25  # of a failed run's output, printed before its row
 ERROR_LINE = re.compile(r"^(?:\[[^\]]*\]:\s*)?((?:[\w.]+(?:Error|Exception)|error): .*)$")
-
-
-def header(script, argv):
-    """A benchmark's first lines: the accelerator (or the CPU), torch, and the command."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return f"# {machine_name(device)}; torch {torch.__version__}\n# command: python bench/{script} {shlex.join(argv)}"
 
 
 # -----------------------------------------------------------------------------
@@ -248,7 +243,7 @@ def resolved(parser, config, overrides):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    print(header("bench_train.py", argv))
+    print(header("bench_train.py", argv, "cuda" if torch.cuda.is_available() else "cpu"))  # train.py's device auto
     print(f"# {args.iters} iterations per run of {args.gradient_accumulation_steps} micro-batch(es); tokens/s and "
           f"MFU over iterations {args.warmup_steps + 1}-{args.iters} (the first {args.warmup_steps} pay for "
           f"compilation)", flush=True)

@@ -24,6 +24,7 @@ from conftest import REPO
 from faults import alive
 from launcher import child_pids
 from model import ATTENTION_VARIANTS, GPT, GPTConfig
+from runtime import machine_name
 
 sys.path.insert(0, str(REPO / "bench"))
 import bench_attention_kernels  # noqa: E402
@@ -156,6 +157,16 @@ def test_attention_kernels_on_cpu(capsys):
         assert by_key[shape, "matmuls (model.py)"][2] == "no SDPA"
         for backend in ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):  # CUDA kernels only
             assert by_key[shape, backend][-1].startswith("not supported: ")
+
+
+def test_attention_kernels_names_the_machine_it_measured_on_not_a_gpu_beside_it(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, timing --device=cpu
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU the run never used")
+    argv = ["--device=cpu", "--seq_len=8", "--batch=1", "--shapes=1x16", "--repeats=1", "--warmup=0"]
+    bench_attention_kernels.main(argv)
+    first, command = capsys.readouterr().out.splitlines()[:2]
+    assert first == f"# {machine_name('cpu')}; torch {torch.__version__}"
+    assert command == "# command: python bench/bench_attention_kernels.py " + " ".join(argv)
 
 
 # NanoGPT's model.py as bench_model.py meets it: its GPTConfig fields, GPT(config), configure_optimizers,
