@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the repo's modules, from bench/
+from machine import header  # noqa: E402
+
 NANOGPT_ARGS = ("config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1 "
                 "--block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --dropout=0.0")
 
@@ -65,11 +68,13 @@ def main(argv=None):
     parser.add_argument("--nanogpt_dir", default="", help="a NanoGPT checkout, to run its train.py beside ours")
     parser.add_argument("--baseline_dir", default="", help="another checkout of this repo (e.g. an older commit)")
     parser.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "tinyshakespeare.txt"))
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.iters < 101 or args.repeats < 1:
         parser.error("--iters must be at least 101 (the config's warmup is 100 iterations), --repeats at least 1")
     if not (REPO / "data" / "shakespeare_char" / "train.bin").exists():
         parser.error("prepare the data first: python prepare_char.py --input=<tinyshakespeare.txt>")
+    print(header("bench_cpu_load.py", argv, "cpu"), flush=True)
     programs = {"this repo": ("ours", REPO)}
     if args.baseline_dir:
         programs["baseline checkout"] = ("ours", Path(args.baseline_dir))

@@ -50,6 +50,7 @@ import train
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, CheckpointError, first_non_finite, load_checkpoint
 from faults import nan_after_step, nan_loss_after
 from launcher import child_pids
+from machine import header
 from model import GPT
 from prepare_char import prepare, stdlib_corpus
 
@@ -441,8 +442,10 @@ def main(argv=None):
     parser.add_argument("--nans", type=int, default=10, help="runs that diverge at a random iteration")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work_dir", default="", help="keep the runs here (default: a temporary folder)")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    print(header("bench_faults.py", argv, "cpu"), flush=True)  # one thread, as every run
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="bench_faults.") as tmp:
         work = Path(args.work_dir or tmp)

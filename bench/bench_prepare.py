@@ -23,6 +23,7 @@ from pathlib import Path
 import datasets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
+from machine import header  # noqa: E402  (bench/ is on the path when run as a script)
 from prepare_openwebtext import loaded_sources, resolve_source, write_token_files
 from tokenizer import TokenizerUnavailableError, gpt2_encoding
 
@@ -104,6 +105,7 @@ def main():
         corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in documents), encoding="utf-8")
         megabytes = corpus.stat().st_size / 1e6  # JSON-escaped size; close to the raw text's
 
+        print(header("bench_prepare.py", sys.argv[1:], "cpu"))
         print(f"corpus: {args.corpus}, {len(documents):,} documents, {megabytes:.1f} MB as jsonl; "
               f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before the runs")
         print()

@@ -669,7 +669,10 @@ def test_bench_prepare_speed_up_is_against_the_first_num_proc(monkeypatch, capsy
     monkeypatch.setattr(datasets, "disable_progress_bars", lambda: None)
     monkeypatch.setattr(sys, "argv", ["bench_prepare.py", "--corpus=stdlib", "--megabytes=0.01", "--repeats=1"])
     bench_prepare.main()
-    _, rows = markdown_table(capsys.readouterr().out, "num_proc")
+    out = capsys.readouterr().out
+    assert out.startswith(f"# {machine_name('cpu')}; torch {torch.__version__}\n"
+                          "# command: python bench/bench_prepare.py --corpus=stdlib --megabytes=0.01 --repeats=1\n")
+    _, rows = markdown_table(out, "num_proc")
     assert [list(r.values()) for r in rows] == [["1", "1,000", "4.00", "250", "1.00x", "4.00", "250"],
                                                 ["2", "1,000", "2.00", "500", "2.00x", "5.00", "200"]]
 
@@ -682,9 +685,21 @@ def test_bench_cpu_load_reports_medians_and_busy_over_idle(tmp_path, monkeypatch
     monkeypatch.setattr(bench_cpu_load, "timed_run",
                         lambda program, folder, iters, loaded, scratch: next(seconds[loaded]))
     bench_cpu_load.main(["--repeats=3"])
-    header, rows = markdown_table(capsys.readouterr().out, "program")
+    out = capsys.readouterr().out
+    assert out.startswith(f"# {machine_name('cpu')}; torch {torch.__version__}\n"
+                          "# command: python bench/bench_cpu_load.py --repeats=3\n")  # the machine of the figures
+    header, rows = markdown_table(out, "program")
     assert header == ["program", "idle (s)", "one core busy (s)", "busy / idle"]
     assert [list(r.values()) for r in rows] == [["this repo", "12.0", "30.0", "2.50"]]
+
+
+def test_bench_faults_first_lines_name_the_machine_and_the_command(monkeypatch, capsys):
+    monkeypatch.setattr(bench_faults, "stdlib_corpus", lambda max_chars: "a small corpus of text " * 500)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # main's one thread, not this process's
+    argv = ["--kills=0", "--sharded_kills=0", "--signals=0", "--nans=0"]
+    assert bench_faults.main(argv) == 0
+    assert capsys.readouterr().out.startswith(f"# {machine_name('cpu')}; torch {torch.__version__}\n"
+                                              f"# command: python bench/bench_faults.py {' '.join(argv)}\n")
 
 
 def test_bench_faults_table_puts_each_count_under_its_column(capsys):
