@@ -206,7 +206,7 @@ def parse_args(argv=None):
     # no abbreviations: what is not ours is a train.py setting (--seed is not --seeds)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                     allow_abbrev=False)
-    parser.add_argument("configs", nargs="*", default=DEFAULT_CONFIGS, help="train.py config files")
+    parser.add_argument("configs", nargs="*", help="train.py config files (default: the two 1B configs, for a GPU)")
     parser.add_argument("--parallelisms", default="plain,fsdp", help=f"comma-separated among {', '.join(PARALLELISMS)}")
     parser.add_argument("--iters", type=int, default=30, help="training iterations per run")
     parser.add_argument("--warmup_steps", type=int, default=5, help="first iterations left out of tokens/s (compile)")
@@ -227,6 +227,10 @@ def parse_args(argv=None):
         key = override[2:].split("=", 1)[0]
         if not override.startswith("--") or "=" not in override or key in OWN_KEYS:
             parser.error(f"{override!r}: pass train.py settings as --key=value, other than {', '.join(OWN_KEYS)}")
+    if not args.configs and not args.smoke and not torch.cuda.is_available():
+        parser.error("the default configs are 1B models, for a GPU, and CUDA is not available here: add --smoke to "
+                     "run them shrunk on this CPU, or name a config")
+    args.configs = args.configs or DEFAULT_CONFIGS
     args.overrides = (SMOKE if args.smoke else []) + overrides
     args.resolved = {config: resolved(parser, config, args.overrides) for config in args.configs}
     return args

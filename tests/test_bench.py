@@ -126,6 +126,15 @@ def test_a_run_never_outlives_the_benchmark(parallelism, sig, tmp_path):
         assert not list(tmp_path.rglob("ckpt*"))  # killed, not stopped: no checkpoint to save
 
 
+def test_bench_train_refuses_the_1b_defaults_on_a_cpu_unless_shrunk(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as stopped:
+        bench_train.parse_args([])  # two 1B models trained on the CPU, each until --timeout
+    assert stopped.value.code == 2 and "add --smoke" in capsys.readouterr().err
+    assert bench_train.parse_args(["--smoke"]).configs == bench_train.DEFAULT_CONFIGS
+    assert bench_train.parse_args([CONFIG]).configs == [CONFIG]  # named: the user's choice
+
+
 def test_last_error_line_skips_the_launchers_summary(tmp_path):
     log = tmp_path / "train.log"
     log.write_text("iter 1: loss 10.8\n[rank0]: RuntimeError: NCCL error\n"
