@@ -61,6 +61,22 @@ def prepare_nanogpt_data(nanogpt_dir, text_file):
         subprocess.run([sys.executable, "prepare.py"], cwd=folder, check=True, stdout=subprocess.DEVNULL)
 
 
+def check_checkouts(parser, args):
+    """Before any run: each checkout named holds what its runs need (else one error line, not a traceback
+    after the runs of this repo)."""
+    if args.baseline_dir and not (Path(args.baseline_dir) / "config" / "train_shakespeare_char_cpu.py").is_file():
+        parser.error(f"--baseline_dir={args.baseline_dir}: no config/train_shakespeare_char_cpu.py there "
+                     "(a checkout of this repository)")
+    if not args.nanogpt_dir:
+        return
+    data = Path(args.nanogpt_dir) / "data" / "shakespeare_char"
+    if not ((Path(args.nanogpt_dir) / "train.py").is_file() and (data / "prepare.py").is_file()):
+        parser.error(f"--nanogpt_dir={args.nanogpt_dir}: no train.py and data/shakespeare_char/prepare.py there "
+                     "(a checkout of NanoGPT)")
+    if not (data / "train.bin").exists() and not Path(args.text).is_file():
+        parser.error(f"--text={args.text}: no such file (Tiny Shakespeare, for NanoGPT's prepare.py)")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=300, help="at least 101: the warmup is 100 iterations")
@@ -74,6 +90,7 @@ def main(argv=None):
         parser.error("--iters must be at least 101 (the config's warmup is 100 iterations), --repeats at least 1")
     if not (REPO / "data" / "shakespeare_char" / "train.bin").exists():
         parser.error("prepare the data first: python prepare_char.py --input=<tinyshakespeare.txt>")
+    check_checkouts(parser, args)
     print(header("bench_cpu_load.py", argv, "cpu"), flush=True)
     programs = {"this repo": ("ours", REPO)}
     if args.baseline_dir:

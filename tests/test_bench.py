@@ -702,6 +702,32 @@ def test_bench_cpu_load_reports_medians_and_busy_over_idle(tmp_path, monkeypatch
     assert [list(r.values()) for r in rows] == [["this repo", "12.0", "30.0", "2.50"]]
 
 
+@pytest.mark.parametrize("flag, message", [
+    ("--nanogpt_dir", "no train.py and data/shakespeare_char/prepare.py there"),
+    ("--baseline_dir", "no config/train_shakespeare_char_cpu.py there"),
+])
+def test_bench_cpu_load_checks_each_checkout_before_any_run(tmp_path, monkeypatch, capsys, flag, message):
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "data" / "shakespeare_char" / "train.bin").write_bytes(b"")
+    monkeypatch.setattr(bench_cpu_load, "REPO", tmp_path)
+    monkeypatch.setattr(bench_cpu_load, "timed_run", lambda *args: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as stopped:
+        bench_cpu_load.main([f"{flag}={tmp_path / 'not-a-checkout'}"])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bench_cpu_load_needs_the_text_where_nanogpts_data_is_not_prepared(tmp_path, monkeypatch, capsys):
+    for folder in (tmp_path / "data" / "shakespeare_char", tmp_path / "nanogpt" / "data" / "shakespeare_char"):
+        folder.mkdir(parents=True)
+    (tmp_path / "data" / "shakespeare_char" / "train.bin").write_bytes(b"")
+    (tmp_path / "nanogpt" / "train.py").write_text("")
+    (tmp_path / "nanogpt" / "data" / "shakespeare_char" / "prepare.py").write_text("")
+    monkeypatch.setattr(bench_cpu_load, "REPO", tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        bench_cpu_load.main([f"--nanogpt_dir={tmp_path / 'nanogpt'}", f"--text={tmp_path / 'none.txt'}"])
+    assert stopped.value.code == 2 and "none.txt: no such file" in capsys.readouterr().err
+
+
 def test_bench_faults_first_lines_name_the_machine_and_the_command(monkeypatch, capsys):
     monkeypatch.setattr(bench_faults, "stdlib_corpus", lambda max_chars: "a small corpus of text " * 500)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # main's one thread, not this process's
