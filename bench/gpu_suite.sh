@@ -44,6 +44,7 @@ export PYTHONUNBUFFERED=1
 # command below and the processes they start; a wrapper, not a link: a venv's python must be run by its path
 if ! command -v python >/dev/null && command -v python3 >/dev/null; then
   PYTHON_WRAPPER=$(mktemp -d)
+  trap 'rm -rf "$PYTHON_WRAPPER"' EXIT  # subshells do not run it: only this script's end
   printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v python3)" >"$PYTHON_WRAPPER/python"
   chmod +x "$PYTHON_WRAPPER/python"
   export PATH="$PYTHON_WRAPPER:$PATH"

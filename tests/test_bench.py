@@ -7,6 +7,7 @@ stage past its time, a failing one, an unknown one); and the figures each benchm
 units, MFU, each cell under its column) from fixed timings fed through its own arithmetic."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -417,6 +418,22 @@ def test_gpu_suite_names_nanogpts_commit_only_from_its_own_checkout(tmp_path, ow
     assert result.returncode == 0, result.stdout + result.stderr
     expected = git(nanogpt, "rev-parse", "--short", "HEAD") if own_checkout else "(not a git checkout)"
     assert f"NanoGPT at {expected}\n" in result.stdout
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
+def test_gpu_suite_removes_the_python_it_made_where_only_python3_is(tmp_path):
+    only_python3 = tmp_path / "bin"
+    only_python3.mkdir()
+    (only_python3 / "python3").symlink_to(sys.executable)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, PATH=f"{only_python3}:/usr/bin:/bin", TMPDIR=str(tmp))
+    if shutil.which("python", path=env["PATH"]):
+        pytest.skip("a `python` on /usr/bin or /bin: the suite makes none")
+    result = subprocess.run(["bash", str(REPO / "bench" / "gpu_suite.sh"), f"--log_dir={tmp_path / 'logs'}", "bogus"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "unknown stage 'bogus'" in result.stderr
+    assert not list(tmp.iterdir())  # the folder of its `python` wrapper
 
 
 def test_gpu_suite_refuses_an_unknown_stage_before_running_any(tmp_path):
