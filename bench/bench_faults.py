@@ -444,6 +444,8 @@ def main(argv=None):
     parser.add_argument("--work_dir", default="", help="keep the runs here (default: a temporary folder)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if min(args.kills, args.sharded_kills, args.signals, args.nans) < 0:
+        parser.error("--kills, --sharded_kills, --signals and --nans must be at least 0")
     torch.set_num_threads(1)
     print(header("bench_faults.py", argv, "cpu"), flush=True)  # one thread, as every run
     rng = random.Random(args.seed)
