@@ -223,6 +223,8 @@ def parse_args(argv=None):
         parser.error(f"--parallelisms={','.join(args.parallelisms)}: choose among {', '.join(PARALLELISMS)}")
     if not 0 <= args.warmup_steps < args.iters or args.gradient_accumulation_steps < 1:
         parser.error("need 0 <= --warmup_steps < --iters and --gradient_accumulation_steps >= 1")
+    if args.timeout < 1 or not args.budget_tokens > 0:
+        parser.error("--timeout must be at least 1 second and --budget_tokens positive")
     for override in overrides:
         key = override[2:].split("=", 1)[0]
         if not override.startswith("--") or "=" not in override or key in OWN_KEYS:

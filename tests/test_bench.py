@@ -240,6 +240,8 @@ def test_bench_model_steps_nanogpt_and_every_variant(tmp_path):
     ("bench_prepare.py", ["--corpus=shakespeare", "--text=no/such.txt"], "--text no/such.txt: no such file"),
     ("bench_prepare.py", ["--text=no/such.txt"], "--text no/such.txt: no such file"),  # not the stdlib instead
     ("bench_cpu_load.py", ["--iters=5"], "--iters must be at least 101"),
+    ("bench_train.py", ["--timeout=0"], "--timeout must be at least 1 second"),
+    ("bench_train.py", ["--budget_tokens=0"], "--budget_tokens positive"),
     ("bench_faults.py", ["--kills=-1"], "--kills, --sharded_kills, --signals and --nans must be at least 0"),
 ])
 def test_bench_arguments_out_of_range_are_one_error_line(script, args, message):
