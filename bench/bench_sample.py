@@ -8,8 +8,8 @@ random weights, batch 1, a prompt of a few tokens.
     python bench/bench_sample.py --device cuda --compile --sizes 124M --repeats 3   # the GPU table
 
 It is a benchmark, not a test: numbers depend on the machine and on whatever else is running.
-Each measurement is the best of --repeats runs after one short warm-up, which damps noise from
-other processes sharing the CPU.
+Each measurement is the best of --repeats runs, after one untimed run of the same length (which
+compiles, with --compile); the best damps noise from other processes sharing the CPU.
 """
 import argparse
 import sys
