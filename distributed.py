@@ -125,6 +125,21 @@ def first_on_any_rank(value):
     return next((v for v in gathered if v is not None), None)
 
 
+def stop_if_any_rank_failed(error):
+    """Every rank, once the process group exists: stop them all if any rank could not start (its data
+    or checkpoint missing or unreadable), with the lowest such rank's error on rank 0. Each rank reads
+    out_dir and the data folder where it runs, which on several nodes may differ: a rank that stopped
+    alone would leave the others waiting for it in init_process_group until its timeout."""
+    failed = first_on_any_rank(None if error is None else (dist.get_rank(), error))
+    if failed is None:
+        return
+    rank, error = failed
+    if rank != 0:  # rank 0 found what this rank did not
+        error = type(error)(f"rank {rank} of {dist.get_world_size()}: {error} (rank 0 found its own: on several nodes, "
+                            f"out_dir and the data folder must be at the same path on a filesystem every node sees)")
+    refuse(str, str(error), error=type(error))
+
+
 def claim_out_dir(out_dir, launched):
     """Every rank, once the process group exists: rank 0 takes out_dir's lock (checkpoint.lock_out_dir)
     and tells the others whether it got it, so that a run that finds out_dir in use stops on every

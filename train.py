@@ -164,7 +164,15 @@ def train(config, verbose=True):
     except (DataError, CheckpointError) as e:
         if isinstance(e, CheckpointError):
             check_out_dir_free(out_dir)  # a live run mid-save, or before its first checkpoint, is the real cause
-        raise type(e)(f"{e}{resume_hint(out_dir, c)}") from None
+        error = type(e)(f"{e}{resume_hint(out_dir, c)}")
+        if not ddp:
+            raise error from None
+        # the ranks that found their files wait for this one in init_process_group: join it to stop them too
+        distributed.init_process_group(backend(c, device), device)
+        try:
+            distributed.stop_if_any_rank_failed(error)
+        finally:
+            dist.destroy_process_group()  # before the interpreter's shutdown, where gloo's threads would abort it
     if checkpoint is not None and has_finished(checkpoint, out_dir, c) and not c["eval_only"]:
         return nothing_to_train(out_dir, checkpoint["iter_num"], c, verbose and rank == 0)
 
@@ -178,9 +186,10 @@ def train(config, verbose=True):
     with StopSignals() as signals:
         if ddp:  # waits for every rank to join; a stop meanwhile ends the process (nothing trained or written yet)
             with signals.end_process():
-                distributed.init_process_group(c["backend"] if c["backend"] != "auto" else
-                                               ("nccl" if device.startswith("cuda") else "gloo"), device)
+                distributed.init_process_group(backend(c, device), device)
         try:
+            if ddp:
+                distributed.stop_if_any_rank_failed(None)  # a rank on another node may not see out_dir or the data
             announce(run, n_tokens)
             build_run(run, checkpoint)
             checkpoint = None  # its weights and AdamW moments are copied in: free them for the whole run
@@ -214,6 +223,10 @@ def choose_device(c, ddp, local_rank):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     return device, resolve_dtype(c["dtype"], device)
+
+
+def backend(c, device):
+    return c["backend"] if c["backend"] != "auto" else ("nccl" if device.startswith("cuda") else "gloo")
 
 
 def has_finished(checkpoint, out_dir, c):

@@ -1103,6 +1103,43 @@ def test_hellaswag_during_ddp_training_is_off_on_every_rank_when_one_cannot_read
     assert ranks[0]["said"] == ["warning: HellaSwag evaluation is off: cannot read hs.jsonl (rank 1)"]
 
 
+MISSING_CHECKPOINT_DRIVER = FORK_RANKS + textwrap.dedent("""
+    import signal, sys
+    import distributed, train
+
+    def rank_process(rank, port):
+        signal.alarm(60)  # a rank left waiting for the other in init_process_group ends here, not in 30 minutes
+        os.chdir(f"node{rank}")  # two nodes: only node0 sees out/ckpt.pt
+        os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+        distributed.REFUSE_WAIT_SECONDS = 0  # no launcher here to stop the rank that does not report
+        try:
+            code = train.main(sys.argv[1:])
+        except SystemExit as e:
+            code = e.code
+        os._exit(code)
+
+    sys.exit(max(fork_ranks(rank_process)))
+""")
+
+
+def test_a_resume_that_one_node_cannot_read_stops_every_rank_with_its_error(tmp_path, data_dir, monkeypatch):
+    """Each rank reads ckpt.pt where it runs: a node that does not see out_dir (not on a shared filesystem)
+    used to stop alone, leaving rank 0 waiting for it in init_process_group until its timeout."""
+    for node in ("node0", "node1"):
+        (tmp_path / node).mkdir()
+    monkeypatch.chdir(tmp_path / "node0")
+    cfg = tiny(tmp_path, data_dir, out_dir="out", max_iters=4, lr_decay_iters=4, gradient_accumulation_steps=2)
+    T.train(cfg, verbose=False)
+    argv = [f"--{k}={v!r}" for k, v in {**cfg, "init_from": "resume", "max_iters": 8}.items()]
+    result = subprocess.run([sys.executable, "-c", MISSING_CHECKPOINT_DRIVER, *argv], cwd=tmp_path,
+                            env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "error: rank 1 of 2: no checkpoint at out/ckpt.pt" in result.stderr
+    assert "on a filesystem every node sees" in result.stderr
+    assert load_checkpoint(tmp_path / "node0" / "out")["iter_num"] == 4
+
+
 def log_records_so_far(log):
     return log.read_text().count('"type": "train"') if log.exists() else 0
 
