@@ -651,6 +651,9 @@ def prepare(dataset=DEFAULT_DATASET, out_dir=None, text_column="text", num_proc=
     while writing), and TokenizerUnavailableError when the GPT-2 BPE cannot be loaded.
     """
     chosen = apply_preset(dataset, out_dir, dataset_config, streaming, val_split)
+    if dataset in PRESETS and Path(dataset).exists():  # a folder of C4's files named c4 is the natural name
+        print(f"note: --dataset {dataset} is the preset for {chosen['dataset']} on the hub; the local {dataset} "
+              f"is not read (for it, write --dataset ./{dataset})")
     streaming, out_dir, val_split = chosen["streaming"], Path(chosen["out_dir"]), chosen["val_split"]
     check_options(num_proc, val_fraction, max_docs, streaming, max_tokens, split, val_split, seed)
     check_out_dir(out_dir)

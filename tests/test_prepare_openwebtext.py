@@ -778,6 +778,17 @@ def test_c4_preset_streams_allenai_c4_en_into_data_c4(tmp_path, monkeypatch, cap
     assert capsys.readouterr().out.startswith(f"wrote data/c4: {meta['tokens']['train']:,} train tokens")
 
 
+def test_the_c4_preset_beside_a_local_folder_named_c4_says_which_it_reads(tmp_path, monkeypatch, capsys):
+    folder = write_c4_folder(tmp_path / "c4", make_documents(30), VAL_DOCUMENTS)
+    files = {s: str(folder / "en" / f"c4-{s}.*.json.gz") for s in ("train", "validation")}
+    monkeypatch.setattr(prepare_openwebtext, "load_dataset", lambda path, **options: datasets.load_dataset(
+        "json", data_files=files, split=options["split"], streaming=True))  # the hub, answered offline
+    monkeypatch.chdir(tmp_path)
+    prepare_openwebtext.main(["--dataset", "c4", "--max_tokens", "0.3k", "--val_fraction", "0.2", "--num_proc", "1"])
+    assert capsys.readouterr().out.startswith("note: --dataset c4 is the preset for allenai/c4 on the hub; the local "
+                                              "c4 is not read (for it, write --dataset ./c4)")
+
+
 def test_a_preset_fills_only_the_options_left_unset():
     assert apply_preset("c4", "data/mine", None, False, None) == {
         "dataset": "allenai/c4", "out_dir": "data/mine", "dataset_config": "en", "streaming": False,
