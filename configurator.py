@@ -347,11 +347,22 @@ def world_size_problem(c, world_size):
     """Why the resolved config cannot train on world_size processes (under torchrun), or None."""
     if c["gradient_accumulation_steps"] % world_size:
         return (f"config key 'gradient_accumulation_steps'={c['gradient_accumulation_steps']} must be divisible by "
-                f"the number of processes ({world_size}): the steps are split over them")
+                f"the number of processes ({world_size}): the steps are split over them"
+                + _splits(c["gradient_accumulation_steps"], world_size, "gradient_accumulation_steps"))
     if c["parallelism"] == "fsdp" and c["eval_iters"] % world_size:  # each rank, as many sharded forwards
         return (f"config key 'eval_iters'={c['eval_iters']} must be divisible by the number of FSDP processes "
-                f"({world_size}): every rank evaluates an equal share")
+                f"({world_size}): every rank evaluates an equal share" + _splits(c["eval_iters"], world_size, "eval_iters"))
     return None
+
+
+def _splits(count, world_size, key):
+    """The ways out: the process counts that divide `count`, or the nearest multiple of world_size."""
+    fits = [n for n in range(1, count + 1) if count % n == 0]
+    shown = ", ".join(map(str, fits[:8])) + (", ..." if len(fits) > 8 else "")
+    multiple = max(world_size, round(count / world_size) * world_size)
+    batch = " (the global batch changes with it)" if key == "gradient_accumulation_steps" else ""
+    return (f"; {count} splits over {shown} process{'es' if len(fits) > 1 else ''}, or, for {world_size}, set "
+            f"--{key}={multiple}{batch}")
 
 
 def _check_model(c):

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+import configurator
 import train as T
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_resume_checkpoint, model_from_checkpoint,
                         save_checkpoint)
@@ -1271,6 +1272,16 @@ def test_steps_that_do_not_split_over_the_processes_are_said_once(tmp_path, data
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.startswith(f"error: config key '{key}'=3 must be divisible by the number of")
     assert result.stderr.count("\n") == 1 and not (tmp_path / "out").exists()  # said before any process started
+
+
+def test_steps_that_do_not_split_name_the_process_counts_that_would():
+    c = configurator.resolve_config(configurator.get_config(["--gradient_accumulation_steps=100"]))
+    assert configurator.world_size_problem(c, 3).endswith(
+        "; 100 splits over 1, 2, 4, 5, 10, 20, 25, 50, ... processes, or, for 3, set --gradient_accumulation_steps=99 "
+        "(the global batch changes with it)")
+    c = configurator.resolve_config(configurator.get_config(["--parallelism=fsdp", "--eval_iters=3", "--gradient_accumulation_steps=6"]))
+    assert configurator.world_size_problem(c, 2).endswith("; 3 splits over 1, 3 processes, or, for 2, set --eval_iters=4")
+    assert configurator.world_size_problem(c, 3) is None
 
 
 def test_the_planned_world_size_is_known_unless_the_nodes_are_elastic():
