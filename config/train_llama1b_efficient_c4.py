@@ -49,5 +49,5 @@ beta2 = 0.95
 grad_clip = 1.0
 
 eval_interval = 1000
-eval_iters = 96  # divisible by 1, 2, 3, 4, 6, 8, 12, 16 or 32 processes, as --parallelism=fsdp needs
+eval_iters = 96  # divisible by 1, 2, 3, 4, 6, 8, 12, 16, 24 or 32 processes, as --parallelism=fsdp needs
 log_interval = 10
