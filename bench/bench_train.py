@@ -251,8 +251,8 @@ def main(argv=None):
     args = parse_args(argv)
     print(header("bench_train.py", argv, "cuda" if torch.cuda.is_available() else "cpu"))  # train.py's device auto
     print(f"# {args.iters} iterations per run of {args.gradient_accumulation_steps} micro-batch(es); tokens/s and "
-          f"MFU over iterations {args.warmup_steps + 1}-{args.iters} (the first {args.warmup_steps} pay for "
-          f"compilation)", flush=True)
+          f"MFU over iterations {args.warmup_steps + 1}-{args.iters} (the first {args.warmup_steps} warm up: "
+          f"torch.compile, where on, and the allocator)", flush=True)
     scratch = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_train-")).resolve()
     try:
         write_random_data(scratch / "data", max(c["block_size"] for c in args.resolved.values()))
