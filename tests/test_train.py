@@ -535,6 +535,20 @@ def test_eval_only_reports_the_losses_and_leaves_the_out_dir_as_it_was(init_from
         assert "step 4: train loss" in capsys.readouterr().out
 
 
+def test_each_split_is_evaluated_on_its_own_file(tmp_path):
+    """The val loss is the loss on val.bin, the train loss that on train.bin: with the two files swapped,
+    the same model (the same seed) reports the same two losses the other way round."""
+    rng = np.random.default_rng(0)
+    train_ids, val_ids = rng.integers(0, 40, 600), np.arange(300) % 7
+    losses = {}
+    for name, (a, b) in {"as_is": (train_ids, val_ids), "swapped": (val_ids, train_ids)}.items():
+        data = write_char_data(tmp_path / name, a, b, vocab_size=40)
+        summary = T.train(tiny(tmp_path / name, data, eval_only=True, eval_iters=4), verbose=False)
+        losses[name] = summary["final_train_loss"], summary["final_val_loss"]
+    assert losses["as_is"][0] != pytest.approx(losses["as_is"][1], rel=1e-3)  # the files do differ
+    assert losses["swapped"] == pytest.approx(losses["as_is"][::-1], rel=1e-6)
+
+
 def gpt2_data(tmp_path):
     """Random token ids labelled as GPT-2 BPE data, which init_from='gpt2' asks for."""
     data = tmp_path / "data"
