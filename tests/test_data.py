@@ -29,6 +29,21 @@ def test_targets_are_the_inputs_shifted_by_one(tmp_path):
         assert torch.equal(y, x + 1)
 
 
+def test_ids_above_int16s_range_come_back_as_written(tmp_path):
+    """GPT-2 BPE ids reach 50256: the token file is read as unsigned 16-bit, not as int16 (whose ids
+    from 32768 on would come back negative) nor as any other width."""
+    path = tmp_path / "train.bin"
+    ids = np.arange(2**16 - 40, 2**16, dtype=TOKEN_DTYPE)  # 65496 .. 65535
+    ids[:10] = [0, 1, 255, 256, 32767, 32768, 50255, 50256, 50257, 60000]
+    ids.tofile(path)
+    batches = Batches(path, block_size=12, batch_size=3, device="cpu")
+    ix = torch.tensor([0, 5, 27])
+    x, y = batches.get(ix)
+    expected = torch.from_numpy(ids.astype(np.int64))
+    assert torch.equal(x, torch.stack([expected[i:i + 12] for i in ix]))
+    assert torch.equal(y, torch.stack([expected[i + 1:i + 13] for i in ix]))
+
+
 @pytest.mark.parametrize("n_windows", [1, 2])
 def test_offsets_reach_every_window_and_none_past_the_end(tmp_path, n_windows):
     """A file of T + n tokens holds n windows of T inputs and T targets, starting at 0 .. n - 1."""
