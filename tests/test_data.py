@@ -73,6 +73,25 @@ def test_the_largest_id_of_either_split_is_the_one_the_model_must_fit(tmp_path):
     assert (meta["vocab_size"], n_tokens, max_token) == (40, {"train": 50, "val": 50}, 29)
 
 
+def bpe_data(d, train_ids, val_ids, vocab_size=50257):
+    d.mkdir(parents=True, exist_ok=True)
+    np.asarray(train_ids, dtype=TOKEN_DTYPE).tofile(d / "train.bin")
+    np.asarray(val_ids, dtype=TOKEN_DTYPE).tofile(d / "val.bin")
+    write_meta(d, {"tokenizer": "gpt2", "vocab_size": vocab_size,
+                   "tokens": {"train": len(train_ids), "val": len(val_ids)}})
+    return d
+
+
+def test_the_largest_id_is_found_above_int16s_range(tmp_path):
+    """BPE ids from 32768 up are large, not negative: the largest is found, and one past the vocabulary refused."""
+    ids = np.arange(50) + 262
+    ids[7] = 50256
+    assert check_data(bpe_data(tmp_path / "fits", ids, ids[::-1].copy()), block_size=8)[2] == 50256
+    ids[7] = 50300
+    with pytest.raises(DataError, match="holds token id 50300, but its meta.json says vocab_size=50257"):
+        check_data(bpe_data(tmp_path / "past", ids, ids[::-1].copy()), block_size=8)
+
+
 def test_an_id_equal_to_the_vocab_size_is_outside_it(tmp_path):
     d = write_char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 41, vocab_size=40)
     with pytest.raises(DataError, match="holds token id 40, but its meta.json says vocab_size=40"):
