@@ -183,6 +183,34 @@ def test_compiled_wide_head_attention_stays_matmuls():
     assert sdpa_calls(ops) == 0, ops
 
 
+@pytest.mark.parametrize("options", [{}, LLAMA], ids=["gpt2", "llama"])
+def test_the_model_is_embeddings_pre_norm_blocks_final_norm_and_head(options):
+    """logits = head(ln_f(x_L)), x_l = h + mlp(ln_2(h)) with h = x_(l-1) + attn(ln_1(x_(l-1))), x_0 the token
+    embeddings plus (learned positions) the position embeddings; every norm's gain and bias drawn at
+    random, as all start at one and zero, where swapping or skipping a norm changes nothing."""
+    model = tiny_model("standard", **options)
+    cfg = model.config
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ln_" in name or name.startswith("transformer.ln_"):
+                p.normal_(mean=1.0 if name.endswith("weight") else 0.0, std=0.5)
+    idx = random_tokens(2, 10)
+    positions = torch.arange(idx.size(1))
+    with torch.no_grad():
+        x = model.transformer.wte(idx)
+        rope = None
+        if cfg.pos == "learned":
+            x = x + model.transformer.wpe(positions)
+        else:
+            rope = rotary_cos_sin(positions, cfg.n_embd // cfg.n_head, cfg.rope_theta)
+        for block in model.transformer.h:
+            h = x + block.attn(block.ln_1(x), None, rope)
+            x = h + block.mlp(block.ln_2(h))
+        expected = model.transformer.ln_f(x) @ model.lm_head.weight.T
+        logits, _ = model(idx, all_logits=True)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------- causality
 
 @pytest.mark.parametrize("attention, options", SHAPES)
