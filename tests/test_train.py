@@ -6,6 +6,7 @@ import errno
 import gc
 import importlib.machinery
 import json
+import math
 import os
 import random
 import re
@@ -243,6 +244,13 @@ def test_lr_schedule_warmup_then_cosine():
     assert T.get_lr(1050, c) == pytest.approx(1e-4 + 0.5 * 9e-4)
     assert T.get_lr(2000, c) == pytest.approx(1e-4)
     assert T.get_lr(5000, c) == pytest.approx(1e-4)
+    # warmup_iters steps rise to the peak, which iteration warmup_iters takes; the cosine then falls at
+    # every step until lr_decay_iters, the first iteration at min_lr
+    rates = [T.get_lr(it, c) for it in range(2001)]
+    assert all(a < b for a, b in zip(rates[:100], rates[1:101]))
+    assert rates[99] == pytest.approx(1e-3 * 100 / 101) and rates[100] == 1e-3
+    assert all(a > b for a, b in zip(rates[100:2000], rates[101:2001]))
+    assert rates[1999] == pytest.approx(1e-4 + 0.5 * (1 + math.cos(math.pi * 1899 / 1900)) * 9e-4, rel=1e-12)
 
 
 def test_init_from_gpt2_with_other_attention_is_a_clear_error(tmp_path, data_dir):
