@@ -1204,6 +1204,11 @@ def test_ddp_stopped_by_sigterm_exits_0_and_equals_single_process(tmp_path, data
     single = params(tmp_path / "single" / "out")
     for key in single:
         torch.testing.assert_close(ddp["model"][key], single[key], rtol=1e-5, atol=1e-6, msg=key)
+    # the logged loss is the mean over both ranks' micro-batches, as one process logs it
+    losses = [{r["iter"]: r["loss"] for r in read_log(tmp_path / run / "out") if r["type"] == "train"}
+              for run in ("ddp", "single")]
+    assert losses[0].keys() == losses[1].keys() == set(range(1, iterations + 1))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     tokens_per_iter = 4 * 3 * 16  # gradient_accumulation_steps x batch_size x block_size, over both ranks
     summary = json.loads((tmp_path / "ddp" / "out" / "summary.json").read_text())
     for record in (r for r in read_log(tmp_path / "ddp" / "out") if r["type"] == "train"):
