@@ -141,6 +141,21 @@ def test_scores_are_the_summed_logprobs_set_by_hand(hellaswag_file):
     assert detail["char_lengths"] == [1, 10, 7, 1]  # the preprocessed ending, its leading space not counted
 
 
+def test_an_empty_context_conditions_on_end_of_text_and_scores_every_ending_token():
+    """As the harness does: with nothing to condition on, the endings follow <|endoftext|>, so their first
+    token is scored too; a tokenizer without one (characters) refuses the example."""
+    ex = {**example(SET1, 0), "ctx": ""}
+    tok = WordTokenizer()
+    tok.eot = 0
+    pairs, nanogpt_index, _, _ = eh.example_requests(ex, tok, harness=False)
+    assert [pairs[j][0] for j in nanogpt_index] == [(0,)] * 4
+    scored = eh.continuation_logprobs(StubLM(tok), [pairs[j] for j in nanogpt_index])
+    assert [n for _, n in scored] == [1, 1, 4, 1]
+    assert [s for s, _ in scored] == pytest.approx([-2.0, -3.0, -3.6, -5.0], abs=1e-4)
+    with pytest.raises(eh.HellaSwagError, match="empty context"):
+        eh.example_requests(ex, WordTokenizer(), harness=False)
+
+
 def test_evaluate_scores_in_eval_mode_and_leaves_the_mode_it_found(hellaswag_file):
     tok = WordTokenizer()
     model = StubLM(tok)
