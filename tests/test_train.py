@@ -538,6 +538,8 @@ def test_eval_only_reports_the_losses_and_leaves_the_out_dir_as_it_was(init_from
     summary = T.train({**cfg, "init_from": init_from, "eval_only": True})
     assert {name: (out / name).read_bytes() for name in before} == before
     assert summary["stop_reason"] == "eval_only" and summary["iterations_this_run"] == 0
+    if init_from == "scratch":  # nothing was ever saved, so there is no best to report
+        assert summary["best_val_loss"] is None
     if init_from == "resume":  # the checkpoint's weights, evaluated on the same batches as at its end
         assert summary["final_val_loss"] == pytest.approx(trained["final_val_loss"], rel=1e-6)
         assert "step 4: train loss" in capsys.readouterr().out
