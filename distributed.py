@@ -429,7 +429,9 @@ def refuse(message, *args, error=CheckpointError):
             signal.signal(stop, signal.SIG_DFL)  # end quietly, with no handler's save or traceback
         time.sleep(REFUSE_WAIT_SECONDS)
         raise SystemExit(1)
-    raise error(message(*args))
+    refused = error(message(*args))
+    refused.said_for_every_rank = True  # the others are waiting to be stopped, not to join the process group
+    raise refused
 
 
 def load_sharded(model, optimizer, folder):

@@ -165,7 +165,7 @@ def train(config, verbose=True):
         if isinstance(e, CheckpointError):
             check_out_dir_free(out_dir)  # a live run mid-save, or before its first checkpoint, is the real cause
         error = type(e)(f"{e}{resume_hint(out_dir, c)}")
-        if not ddp:
+        if not ddp or getattr(e, "said_for_every_rank", False):
             raise error from None
         # the ranks that found their files wait for this one in init_process_group: join it to stop them too
         distributed.init_process_group(backend(c, device), device)
