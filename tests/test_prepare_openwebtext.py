@@ -778,6 +778,7 @@ def test_c4_preset_streams_allenai_c4_en_into_data_c4(tmp_path, monkeypatch, cap
     assert capsys.readouterr().out.startswith(f"wrote data/c4: {meta['tokens']['train']:,} train tokens")
 
 
+@needs_bpe
 def test_the_c4_preset_beside_a_local_folder_named_c4_says_which_it_reads(tmp_path, monkeypatch, capsys):
     folder = write_c4_folder(tmp_path / "c4", make_documents(30), VAL_DOCUMENTS)
     files = {s: str(folder / "en" / f"c4-{s}.*.json.gz") for s in ("train", "validation")}
