@@ -208,9 +208,15 @@ def run_script(main, ctrl_c):
         print(ctrl_c, file=sys.stderr)
         code = 130
     except BrokenPipeError:  # the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush is quiet too
+        silence_stdout()  # so that the exit's flush is quiet too
         code = 141
     sys.exit(code)
+
+
+def silence_stdout():
+    """Send what is still printed to /dev/null, once stdout's reader has closed it: each later write
+    (and the interpreter's last flush) would raise BrokenPipeError again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class CpuThreads:

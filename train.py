@@ -29,7 +29,6 @@ the resume point is the folder ckpt_sharded/ (every rank writes its shards; dist
 """
 
 import math
-import os
 import sys
 import time
 import uuid
@@ -49,7 +48,7 @@ from launcher import LaunchError, launch, planned_world_size, split_launcher_arg
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
 from runlog import NO_EARLIER_PROCESS, RunLog, read_summary, run_totals, trim_log, write_summary
 from runtime import (CpuThreads, StopSignals, autocast_context, peak_flops, resolve_device, resolve_dtype,
-                     run_script)
+                     run_script, silence_stdout)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -111,7 +110,7 @@ class Run:
             try:
                 print(*args, flush=True)
             except BrokenPipeError:  # `train.py | head`: the loop stops at its next step, with a checkpoint
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # later lines go nowhere
+                silence_stdout()
                 self.stdout_closed = True
 
     def elapsed(self):
