@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from atomic import write_text_atomic
-from tokenizer import (META_FILENAME, CharTokenizer, PrepareError, char_fingerprint, dataset_source, write_meta,
-                       write_tokens_atomically)
+from tokenizer import (META_FILENAME, CharTokenizer, PrepareError, char_fingerprint, check_out_dir, dataset_source,
+                       stopped_note, write_meta, write_tokens_atomically)
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DEFAULT_OUT = {"shakespeare": "data/shakespeare_char", "stdlib": "data/stdlib_char"}
@@ -159,25 +159,12 @@ def main(argv=None):
     except OSError as e:  # the output folder cannot be written
         print(f"error: cannot write the dataset: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # each file is written whole or not at all, and meta.json (complete data) last
-        kept = (f"{out_dir} holds a complete dataset" if (Path(out_dir) / META_FILENAME).is_file() else
-                f"{out_dir} holds no complete dataset (no {META_FILENAME}): prepare it again")
-        print(f"stopped by Ctrl-C; {kept}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(stopped_note(out_dir), file=sys.stderr)
         return 130
     print(f"{meta['source']}: {meta['characters']:,} characters, vocab {meta['vocab_size']}, "
           f"{meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens -> {out_dir}")
     return 0
-
-
-def check_out_dir(out_dir):
-    """Before any text is read or downloaded: a file where out_dir, or a folder above it, would be is an
-    error that says so (mkdir's own 'File exists' reads as if the dataset were there already)."""
-    existing = Path(out_dir).absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise PrepareError(f"cannot write the dataset to {out_dir}: {existing} is a file, not a folder "
-                           f"(choose another --out_dir)")
 
 
 def prepare_from_args(args, out_dir):

@@ -39,7 +39,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -60,8 +59,10 @@ from tokenizer import (
     TOKEN_DTYPE,
     PrepareError,
     TokenizerUnavailableError,
+    check_out_dir,
     dataset_source,
     gpt2_encoding,
+    stopped_note,
     write_meta,
 )
 
@@ -150,19 +151,6 @@ def writing_to(out_dir):
     except OSError as err:
         reason = f"{err.strerror}: {err.filename}" if err.strerror and err.filename else err.strerror or err
         raise PrepareError(f"cannot write the dataset to {out_dir}: {reason}") from err
-
-
-def check_out_dir(out_dir):
-    """Raise PrepareError unless out_dir is, or can be made, a folder to write in: before the corpus is
-    loaded (hours for OpenWebText), not after. Nothing is created, so bad input found later leaves no folder."""
-    with writing_to(out_dir):
-        existing = out_dir.absolute()
-        while not existing.exists():
-            existing = existing.parent
-        if not existing.is_dir():
-            raise PrepareError(f"cannot write the dataset to {out_dir}: {existing} is a file, not a folder "
-                               f"(choose another --out_dir)")
-        tempfile.TemporaryFile(dir=existing).close()  # no permission, a read-only disk: an OSError now
 
 
 def token_count(text):
@@ -717,10 +705,8 @@ def main(argv=None):
         meta = prepare(**vars(args))
     except (PrepareError, TokenizerUnavailableError) as err:
         sys.exit(f"error: {err}")
-    except KeyboardInterrupt:  # each file is written whole or not at all; meta.json marks a complete dataset
-        kept = (f"{out_dir} holds the dataset it held before" if (Path(out_dir) / META_FILENAME).is_file() else
-                f"{out_dir} holds no complete dataset (no {META_FILENAME}): prepare it again")
-        print(f"stopped by Ctrl-C; {kept}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(stopped_note(out_dir), file=sys.stderr)
         sys.exit(130)
     if replaced not in (None, meta["source"]):
         print(f"replaced the dataset in {out_dir}, which was made from {replaced}")

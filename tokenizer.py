@@ -214,6 +214,31 @@ def dataset_source(data_dir):
         return None
 
 
+def check_out_dir(out_dir):
+    """Raise PrepareError unless out_dir is, or can be made, a folder to write a dataset in: checked before
+    the text is read, downloaded or tokenized (hours for OpenWebText), not after. Nothing is created, so
+    bad input found later leaves no folder."""
+    existing = Path(out_dir).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():  # mkdir's own "File exists" would read as if the dataset were there already
+        raise PrepareError(f"cannot write the dataset to {out_dir}: {existing} is a file, not a folder "
+                           f"(choose another --out_dir)")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()  # no permission, a read-only disk
+    except OSError as err:
+        raise PrepareError(f"cannot write the dataset to {out_dir}: {err.strerror or err}: {existing}") from err
+
+
+def stopped_note(out_dir):
+    """What a Ctrl-C left in out_dir: the prepare scripts remove meta.json before they touch the other
+    files and write it last, so a folder with one holds a complete dataset (the earlier one, or all of
+    the new one)."""
+    if (Path(out_dir) / META_FILENAME).is_file():
+        return f"stopped by Ctrl-C; {out_dir} holds a complete dataset"
+    return f"stopped by Ctrl-C; {out_dir} holds no complete dataset (no {META_FILENAME}): prepare it again"
+
+
 class _PlainDataUnpickler(pickle.Unpickler):
     """Reads dicts, strings and numbers only: a pickle that names a class or function (which loading
     would call) is refused."""

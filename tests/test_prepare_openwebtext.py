@@ -340,7 +340,7 @@ def test_a_failed_write_is_an_error_line_that_keeps_the_old_files(failure, tmp_p
         assert exited.value.code == f"error: cannot write the dataset to {out_dir}: No space left on device"
     else:
         assert exited.value.code == 130
-        assert capsys.readouterr().err.endswith(f"stopped by Ctrl-C; {out_dir} holds the dataset it held before\n")
+        assert capsys.readouterr().err.endswith(f"stopped by Ctrl-C; {out_dir} holds a complete dataset\n")
     assert {name: (out_dir / name).read_bytes() for name in sorted(os.listdir(out_dir))} == old  # usable as it was
 
 
