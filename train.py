@@ -286,6 +286,10 @@ def config_notes(run):
     if c["hellaswag_file"] and not c["hellaswag_interval"] and not c["eval_only"]:
         notes.append(f"hellaswag_file={c['hellaswag_file']!r} is not scored, as hellaswag_interval=0 (off); set "
                      f"--hellaswag_interval=N to score it every N iterations")
+    if c["hellaswag_limit"] and not c["hellaswag_file"]:
+        notes.append(f"hellaswag_limit={c['hellaswag_limit']} is unused: no hellaswag_file is scored")
+    if c["mlp"] == "swiglu" and c["gelu_approximate"] != DEFAULT_CONFIG["gelu_approximate"]:
+        notes.append(f"gelu_approximate={c['gelu_approximate']!r} is unused: mlp='swiglu' has no GELU")
     if run.device == "cpu" and run.dtype == "float16":
         notes.append("float16 on the CPU is emulated, many times slower than float32 or bfloat16")
     return notes

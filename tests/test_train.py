@@ -1497,6 +1497,12 @@ def test_what_a_config_asks_for_but_seldom_means_is_noted(tmp_path, data_dir, ca
     T.train({**cfg, "hellaswag_file": "hs.jsonl", "out_dir": str(tmp_path / "hellaswag")})
     assert ("note: hellaswag_file='hs.jsonl' is not scored, as hellaswag_interval=0 (off); set "
             "--hellaswag_interval=N to score it every N iterations") in capsys.readouterr().out
+    # settings that another one makes unused
+    T.train({**cfg, "hellaswag_limit": 5, "mlp": "swiglu", "intermediate_size": 40, "gelu_approximate": "tanh",
+             "out_dir": str(tmp_path / "unused")})
+    out = capsys.readouterr().out
+    assert "note: hellaswag_limit=5 is unused: no hellaswag_file is scored" in out
+    assert "note: gelu_approximate='tanh' is unused: mlp='swiglu' has no GELU" in out
 
 
 def test_a_resume_notes_the_settings_changed_since_its_checkpoint(tmp_path, data_dir, capsys):
