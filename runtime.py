@@ -205,12 +205,18 @@ def run_script(main, ctrl_c):
         code = main()
         sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's last flush
     except KeyboardInterrupt:
-        print(ctrl_c, file=sys.stderr)
+        if is_rank_zero():  # a Ctrl-C reaches every process torchrun started: one line for all
+            print(ctrl_c, file=sys.stderr)
         code = 130
     except BrokenPipeError:  # the reader has what it wanted
         silence_stdout()  # so that the exit's flush is quiet too
         code = 141
     sys.exit(code)
+
+
+def is_rank_zero():
+    """Whether this process speaks for the run: it was not started by torchrun, or it is its rank 0."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def silence_stdout():

@@ -48,7 +48,7 @@ from launcher import LaunchError, launch, planned_world_size, split_launcher_arg
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
 from runlog import NO_EARLIER_PROCESS, RunLog, read_summary, run_totals, trim_log, write_summary
 from runtime import (CpuThreads, StopSignals, autocast_context, peak_flops, resolve_device, resolve_dtype,
-                     run_script, silence_stdout)
+                     is_rank_zero, run_script, silence_stdout)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -717,8 +717,9 @@ def main(argv=None):
         print(f"error: {e}; the last checkpoint saved in out_dir, if any, is whole", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:  # before the run's own signal handling starts, or a second Ctrl-C during it
-        print("error: stopped by Ctrl-C; the last checkpoint saved in out_dir, if any, is whole", file=sys.stderr,
-              flush=True)
+        if is_rank_zero():
+            print("error: stopped by Ctrl-C; the last checkpoint saved in out_dir, if any, is whole", file=sys.stderr,
+                  flush=True)
         return 130
     return 0
 

@@ -94,6 +94,18 @@ def test_a_script_exits_with_mains_status_and_a_ctrl_c_is_one_line_and_130(capsy
     assert exit.value.code == 130 and capsys.readouterr().err == "stopped by Ctrl-C; nothing was written\n"
 
 
+@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
+def test_under_torchrun_only_rank_0_says_what_a_ctrl_c_kept(rank, said, monkeypatch, capsys):
+    """The Ctrl-C reaches every process torchrun started: one line for the run, not one per process."""
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as exit:
+        run_script(interrupted, "stopped by Ctrl-C")
+    assert exit.value.code == 130 and capsys.readouterr().err == ("stopped by Ctrl-C\n" if said else "")
+
+
 def test_autocast_only_for_half_precision():
     x = torch.randn(4, 4)
     with autocast_context("cpu", "float32"):
