@@ -310,30 +310,50 @@ def describe(err):
 def load_failed(source, split, err):
     hint = "" if source.local else " (no local file or folder has that name either)"
     return PrepareError(f"could not load split {split!r} of {source.description}{hint}: {describe(err)}"
-                        f"{first_bad_json_line(source)}")
+                        f"{first_bad_place(source)}")
 
 
-def first_bad_json_line(source):
-    """"; first bad line: FILE, line N (...)" for a local JSON-lines source whose reading failed (the error
-    of datasets counts rows of its own blocks, not the file's lines), "; FILE cannot be read" for a
-    damaged gzip (which datasets does not name); "" when neither is found."""
-    if not source.local or source.builder != "json":
+def first_bad_place(source):
+    """Where a local source whose reading failed first goes wrong, to add to the error: datasets counts
+    the rows of its own blocks, not a file's lines, and names no file for a damaged gzip or parquet file
+    or a text file that is not UTF-8. "; first bad line: FILE, line N (...)", "; FILE cannot be read
+    (...)", or "" where nothing is found."""
+    if not source.local or source.builder not in ("json", "text", "parquet"):
         return ""
     for name in itertools.chain.from_iterable(source.options["data_files"].values()):
-        lines = name.endswith((".jsonl", ".jsonl" + COMPRESSED))  # a .json file may also be one document
-        try:
-            # bytes, each line decoded on its own: text mode decodes blocks ahead, so a byte that is not
-            # UTF-8 would fail lines before its own (or before the first, with no line number yet)
-            with (gzip.open if name.endswith(COMPRESSED) else open)(name, "rb") as f:
-                for number, line in enumerate(f, 1):
-                    if line.strip():
-                        json.loads(line.decode("utf-8"))
-                        lines = True  # a line that is a whole record: JSON lines, as C4's .json.gz
-        except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-            if lines:
-                return f"; first bad line: {name}, line {number} ({e})"
-        except (OSError, EOFError, zlib.error):  # a damaged or cut-off gzip (an interrupted download)
-            return f"; {name} cannot be read"
+        found = unreadable_parquet(name) if source.builder == "parquet" else bad_line(name, source.builder)
+        if found:
+            return found
+    return ""
+
+
+def bad_line(name, builder):
+    """The first line of a JSON-lines or text file that does not decode (or, for JSON, parse), as above."""
+    lines = builder == "text" or name.endswith((".jsonl", ".jsonl" + COMPRESSED))  # a .json may be one document
+    try:
+        # bytes, each line decoded on its own: text mode decodes blocks ahead, so a byte that is not
+        # UTF-8 would fail lines before its own (or before the first, with no line number yet)
+        with (gzip.open if name.endswith(COMPRESSED) else open)(name, "rb") as f:
+            for number, line in enumerate(f, 1):
+                text = line.decode("utf-8")
+                if builder == "json" and text.strip():
+                    json.loads(text)
+                    lines = True  # a line that is a whole record: JSON lines, as C4's .json.gz
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        if lines:
+            return f"; first bad line: {name}, line {number} ({e})"
+    except (OSError, EOFError, zlib.error) as e:  # a damaged or cut-off gzip (an interrupted download)
+        return f"; {name} cannot be read ({type(e).__name__})"
+    return ""
+
+
+def unreadable_parquet(name):
+    import pyarrow.parquet  # datasets' own dependency, here only once a load has failed
+
+    try:
+        pyarrow.parquet.read_metadata(name)  # the footer: what a cut-off download lacks
+    except Exception as e:  # pyarrow's ArrowInvalid, an OSError
+        return f"; {name} cannot be read ({type(e).__name__}: {e})"
     return ""
 
 
@@ -466,7 +486,7 @@ def checked_texts(batches, text_column, description, source):
             return
         except Exception as err:  # malformed JSON in a later file, a dropped connection, ...
             raise PrepareError(f"could not read {description} after {documents:,} documents: {describe(err)}"
-                               f"{first_bad_json_line(source)}") from err
+                               f"{first_bad_place(source)}") from err
         texts = batch.get(text_column)
         if texts is None:
             raise PrepareError(f"{description}: no column {text_column!r} after {documents:,} documents")

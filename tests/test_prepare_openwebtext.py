@@ -240,6 +240,28 @@ def latin1_line_41(tmp):
     return path
 
 
+def latin1_text_line_3(tmp):
+    """A folder of text documents, the second of which holds a Latin-1 byte on its third line."""
+    folder = write_text_folder(tmp / "corpus", ["one document\n", "another\n\n"])
+    with open(folder / "nested" / "doc001.txt", "ab") as f:
+        f.write("caf\u00e9\n".encode("latin-1"))
+    return folder
+
+
+def cut_off_parquet(tmp):
+    """Two parquet files, the second cut off halfway, as an interrupted download leaves it."""
+    import pyarrow
+    import pyarrow.parquet
+
+    (tmp / "corpus").mkdir()
+    for name in ("a", "b"):
+        pyarrow.parquet.write_table(pyarrow.table({"text": [f"document {i}" for i in range(50)]}),
+                                    tmp / "corpus" / f"{name}.parquet")
+    whole = (tmp / "corpus" / "b.parquet").read_bytes()
+    (tmp / "corpus" / "b.parquet").write_bytes(whole[:len(whole) // 2])
+    return tmp / "corpus"
+
+
 BAD_INPUTS = {  # case: (make the --dataset path in tmp, what the message says)
     "missing file": (lambda tmp: tmp / "missing.jsonl", "no such file or folder"),
     "missing folder": (lambda tmp: tmp / "missing" / "folder" / "x", "no such file or folder"),
@@ -261,6 +283,8 @@ BAD_INPUTS = {  # case: (make the --dataset path in tmp, what the message says)
     "saved by datasets": (lambda tmp: saved_by_datasets(tmp, splits=False), "written by datasets' save_to_disk"),
     "saved with splits": (lambda tmp: saved_by_datasets(tmp, splits=True), "written by datasets' save_to_disk"),
     "not UTF-8": (latin1_line_41, r"first bad line: .*c\.jsonl, line 41 \('utf-8' codec can't decode byte 0xe9"),
+    "text not UTF-8": (latin1_text_line_3, r"first bad line: .*doc001\.txt, line 3 \('utf-8' codec can't decode"),
+    "cut-off parquet": (cut_off_parquet, r"; .*b\.parquet cannot be read \(ArrowInvalid: "),
 }
 
 
