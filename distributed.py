@@ -36,6 +36,7 @@ from atomic import sync_folder
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, lock_out_dir, read_checkpoint_file,
                         save_checkpoint)
 from configurator import ConfigError
+from runtime import is_rank_zero
 
 PARALLELISMS = ("ddp", "fsdp")
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets
@@ -424,7 +425,7 @@ def refuse(message, *args, error=CheckpointError):
     for the launcher to stop them once rank 0 has exited, since a rank that exited first would have
     the launcher stop rank 0 before it said why; without a launcher that does, they exit with status
     1 after a minute."""
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not is_rank_zero():
         for stop in (signal.SIGTERM, signal.SIGINT):
             signal.signal(stop, signal.SIG_DFL)  # end quietly, with no handler's save or traceback
         time.sleep(REFUSE_WAIT_SECONDS)

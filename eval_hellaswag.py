@@ -53,7 +53,8 @@ import torch
 
 from atomic import atomic_file, why_not_writable, write_text_atomic
 from checkpoint import add_model_arguments, existing_checkpoint_path, load_model_and_tokenizer
-from runtime import CpuThreads, autocast_context, resolve_device, resolve_device_and_dtype, run_script
+from runtime import (CpuThreads, autocast_context, is_rank_zero, resolve_device, resolve_device_and_dtype,
+                     run_script)
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_FILENAME = "hellaswag_val.jsonl"
@@ -559,7 +560,7 @@ def run_evaluation(args, output, launched):
     """Everything main does on every rank before reporting: the results with their "settings" on
     rank 0, None on the others. What can be checked quickly is checked before anything slow starts."""
     # on the rank that writes the results; an earlier evaluation's there is said once every check has passed
-    replacing = check_writable(output) if int(os.environ.get("RANK", "0")) == 0 else ""
+    replacing = check_writable(output) if is_rank_zero() else ""
     rank, world_size, device = join_ranks(args.device) if launched else (0, 1, args.device)
     device, dtype = resolve_device_and_dtype(device, args.dtype)
     CpuThreads(args.threads, device)  # on CPU: as many threads as other processes leave cores free

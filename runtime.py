@@ -216,7 +216,7 @@ def run_script(main, ctrl_c):
 
 def is_rank_zero():
     """Whether this process speaks for the run: it was not started by torchrun, or it is its rank 0."""
-    return os.environ.get("RANK", "0") == "0"
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def silence_stdout():
