@@ -25,7 +25,7 @@ decoding loop, compiled decoding) is in generate.py, behind GPT.generate.
 import contextlib
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import torch
@@ -520,7 +520,8 @@ class GPT(nn.Module):
         """Shrink the context length, e.g. to fine-tune pretrained GPT-2 at block_size < 1024."""
         if not 0 < block_size <= self.config.block_size:
             raise ValueError(f"crop_block_size({block_size}): must be in 1..{self.config.block_size}")
-        self.config.block_size = block_size
+        # a new config: the one given to GPT(...) may be shared with other models (NanoGPT edits it in place)
+        self.config = replace(self.config, block_size=block_size)
         if "wpe" in self.transformer:  # RoPE has no table: its angles are computed for any position
             # a copy, not a view, so that the full table's memory is freed (and never saved)
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].clone())

@@ -490,6 +490,14 @@ def test_crop_block_size_refuses_a_size_outside_the_context(block_size):
     assert model.config.block_size == 16 and model.transformer.wpe.weight.shape[0] == 16
 
 
+def test_crop_block_size_leaves_the_config_it_was_built_from_alone():
+    config = GPTConfig(**{**TINY, "attention": "super"})
+    cropped, other = GPT(config), GPT(config)
+    cropped.crop_block_size(8)
+    assert config.block_size == other.config.block_size == 16  # a second model from it still takes 16 tokens
+    other(random_tokens(1, 16))
+
+
 # ----------------------------------------------------------------------------- generation
 
 @pytest.mark.parametrize("attention, options", SHAPES)
