@@ -18,6 +18,7 @@ import math
 import re
 import traceback
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -279,10 +280,19 @@ def resolve_config(config):
     c = dict(DEFAULT_CONFIG)
     for key, value in config.items():
         c[key] = check_value(key, value)
+    _check_ranges(c)
+    _check_combinations(c)
+    _check_model(c)
+    return c
 
-    def bad(key, problem):
-        return ConfigError(f"config key {key!r}={c[key]!r}: {problem}")
 
+def _bad(c, key, problem):
+    return ConfigError(f"config key {key!r}={c[key]!r}: {problem}")
+
+
+def _check_ranges(c):
+    """Each training value on its own: counts, rates, choices."""
+    bad = partial(_bad, c)
     if not c["out_dir"]:
         raise bad("out_dir", "name a folder (it is created if missing)")
     for key in ("batch_size", "gradient_accumulation_steps", "log_interval", "eval_interval", "eval_iters",
@@ -307,6 +317,11 @@ def resolve_config(config):
     peak = c["peak_flops"]
     if peak != "auto" and not (isinstance(peak, float) and math.isfinite(peak) and peak > 0):
         raise bad("peak_flops", "must be 'auto' or a positive number of FLOP/s, e.g. 989e12")
+
+
+def _check_combinations(c):
+    """Values that are fine alone but not together, or not on this machine."""
+    bad = partial(_bad, c)
     try:  # where this process would run, and in what precision
         device, dtype = resolve_device_and_dtype(c["device"], c["dtype"])
     except ValueError as e:
@@ -339,8 +354,6 @@ def resolve_config(config):
         raise bad("hellaswag_file", "hellaswag_interval is on, so name a HellaSwag jsonl file")
     if c["hellaswag_interval"] and not Path(c["hellaswag_file"]).is_file():
         raise bad("hellaswag_file", "no such file (docs/hellaswag.md says where to get it), or set hellaswag_interval=0")
-    _check_model(c)
-    return c
 
 
 def world_size_problem(c, world_size):

@@ -151,27 +151,7 @@ def train(config, verbose=True):
     device, dtype = choose_device(c, ddp, local_rank)
     out_dir = Path(c["out_dir"])
     data_dir = config_data_dir(c)
-    try:
-        meta, n_tokens, max_token = check_data(data_dir, c["block_size"])
-        model_args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": choose_vocab_size(c, meta, max_token, data_dir)}
-        checkpoint = None
-        if c["init_from"] == "resume":
-            checkpoint = load_resume_checkpoint(out_dir, model_args, sharded=ddp and c["parallelism"] == "fsdp",
-                                                data=(meta, data_dir))
-            # a GPT-2 fine-tune's are OpenAI's; dropout is the config's, as no weight depends on it
-            model_args = {key: checkpoint["model_args"][key] for key in model_args} | {"dropout": c["dropout"]}
-    except (DataError, CheckpointError) as e:
-        if isinstance(e, CheckpointError):
-            check_out_dir_free(out_dir)  # a live run mid-save, or before its first checkpoint, is the real cause
-        error = type(e)(f"{e}{resume_hint(out_dir, c)}")
-        if not ddp or getattr(e, "said_for_every_rank", False):
-            raise error from None
-        # the ranks that found their files wait for this one in init_process_group: join it to stop them too
-        distributed.init_process_group(backend(c, device), device)
-        try:
-            distributed.stop_if_any_rank_failed(error)
-        finally:
-            dist.destroy_process_group()  # before the interpreter's shutdown, where gloo's threads would abort it
+    meta, n_tokens, model_args, checkpoint = read_data_and_checkpoint(c, out_dir, data_dir, ddp, device)
     if checkpoint is not None and has_finished(checkpoint, out_dir, c) and not c["eval_only"]:
         return nothing_to_train(out_dir, checkpoint["iter_num"], c, verbose and rank == 0)
 
@@ -206,6 +186,32 @@ def train(config, verbose=True):
             if ddp:
                 distributed.teardown(run)
 
+
+def read_data_and_checkpoint(c, out_dir, data_dir, ddp, device):
+    """(meta, n_tokens, model_args, the resume checkpoint or None), each checked. A rank that cannot read
+    them under torchrun (another node, out_dir not shared) stops every rank, not only itself."""
+    try:
+        meta, n_tokens, max_token = check_data(data_dir, c["block_size"])
+        model_args = {key: c[key] for key in MODEL_ARG_KEYS} | {"vocab_size": choose_vocab_size(c, meta, max_token, data_dir)}
+        checkpoint = None
+        if c["init_from"] == "resume":
+            checkpoint = load_resume_checkpoint(out_dir, model_args, sharded=ddp and c["parallelism"] == "fsdp",
+                                                data=(meta, data_dir))
+            # a GPT-2 fine-tune's are OpenAI's; dropout is the config's, as no weight depends on it
+            model_args = {key: checkpoint["model_args"][key] for key in model_args} | {"dropout": c["dropout"]}
+        return meta, n_tokens, model_args, checkpoint
+    except (DataError, CheckpointError) as e:
+        if isinstance(e, CheckpointError):
+            check_out_dir_free(out_dir)  # a live run mid-save, or before its first checkpoint, is the real cause
+        error = type(e)(f"{e}{resume_hint(out_dir, c)}")
+        if not ddp or getattr(e, "said_for_every_rank", False):
+            raise error from None
+        # the ranks that found their files wait for this one in init_process_group: join it to stop them too
+        distributed.init_process_group(backend(c, device), device)
+        try:
+            distributed.stop_if_any_rank_failed(error)  # raises, on every rank
+        finally:
+            dist.destroy_process_group()  # before the interpreter's shutdown, where gloo's threads would abort it
 
 def choose_device(c, ddp, local_rank):
     """(device, dtype) of this process (resolve_config has checked both): under torchrun each process
