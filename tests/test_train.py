@@ -1793,6 +1793,27 @@ def test_hellaswag_hook_is_optional(tmp_path, data_dir, monkeypatch):
     assert summary["iterations"] == 2
 
 
+def test_hellaswag_line_during_training_reads_as_eval_hellaswags(tmp_path, data_dir, monkeypatch, capsys):
+    """The printed line gives each accuracy with its counts and n/a for a metric not computed, not the
+    result dict's Python repr ("acc_char_norm None", "correct {'acc': 1, ...}")."""
+    import types
+
+    fake = types.ModuleType("eval_hellaswag")
+    fake.examples_for_training = lambda path, limit, meta, say: (["example"] * 6, None)
+    fake.evaluate = lambda model, examples, tokenizer, device, batch_size, rank, world_size: dict(
+        acc=1 / 6, acc_norm=2 / 6, acc_char_norm=None, acc_harness=None, n=6, correct={"acc": 1, "acc_norm": 2},
+        n_endings_truncated=3, block_size=16)
+    monkeypatch.setitem(sys.modules, "eval_hellaswag", fake)
+    hellaswag_file = tmp_path / "x.jsonl"
+    hellaswag_file.touch()
+    T.train(tiny(tmp_path, data_dir, max_iters=2, eval_interval=2, hellaswag_interval=2,
+                 hellaswag_file=str(hellaswag_file)))
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "hellaswag acc" in line]
+    assert line == ("iter 2: hellaswag acc 0.1667 (1/6), acc_norm 0.3333 (2/6), acc_char_norm n/a, acc_harness n/a, "
+                    "3 endings were longer than block_size and only partly scored")
+    assert [r for r in read_log(tmp_path / "out") if r["type"] == "hellaswag"][0]["correct"] == {"acc": 1, "acc_norm": 2}
+
+
 def test_a_missing_hellaswag_file_is_refused_before_training(tmp_path, data_dir):
     with pytest.raises(T.ConfigError, match=r"config key 'hellaswag_file'='hs.jsonl': no such file \(docs/hellaswag.md"):
         T.train(tiny(tmp_path, data_dir, hellaswag_interval=2, hellaswag_file="hs.jsonl"), verbose=False)
