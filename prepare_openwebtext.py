@@ -309,8 +309,19 @@ def describe(err):
 
 def load_failed(source, split, err):
     hint = "" if source.local else " (no local file or folder has that name either)"
+    offline = ("; without a network, pass local files instead: --dataset path/to/folder_or_file "
+               "(docs/data.md, 'Local input and running offline')") if not source.local and unreachable(err) else ""
     return PrepareError(f"could not load split {split!r} of {source.description}{hint}: {describe(err)}"
-                        f"{first_bad_place(source)}")
+                        f"{first_bad_place(source)}{offline}")
+
+
+def unreachable(err):
+    """Whether the hub could not be reached (no network, or HF_HUB_OFFLINE=1): datasets raises a ConnectionError."""
+    while err is not None:
+        if isinstance(err, ConnectionError) or type(err).__name__ in ("OfflineModeIsEnabled", "ConnectError"):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def first_bad_place(source):

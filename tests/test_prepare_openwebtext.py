@@ -404,6 +404,29 @@ def test_a_mistyped_relative_file_name_is_not_looked_up_on_the_hub(name, tmp_pat
         prepare(name, tmp_path / "out")
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_hub_dataset_out_of_reach_says_what_to_do_offline(streaming, tmp_path, no_tokenizing, monkeypatch):
+    def unreachable(*args, **kwargs):  # what datasets raises offline or with HF_HUB_OFFLINE=1
+        raise ConnectionError("Couldn't reach 'someone/corpus' on the Hub (LocalEntryNotFoundError)") \
+            from FileNotFoundError("Dataset someone/corpus is not cached in None")
+    monkeypatch.setattr(prepare_openwebtext, "load_dataset", unreachable)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PrepareError, match=r"Couldn't reach .* not cached in None; without a network, pass local "
+                                           r"files instead: --dataset path/to/folder_or_file \(docs/data.md, "
+                                           r"'Local input and running offline'\)$"):
+        prepare("someone/corpus", tmp_path / "out", streaming=streaming)
+
+
+def test_a_hub_dataset_that_fails_otherwise_gets_no_offline_advice(tmp_path, no_tokenizing, monkeypatch):
+    def not_found(*args, **kwargs):
+        raise ValueError("Dataset 'someone/corpus' doesn't exist on the Hub or cannot be accessed.")
+    monkeypatch.setattr(prepare_openwebtext, "load_dataset", not_found)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PrepareError) as raised:
+        prepare("someone/corpus", tmp_path / "out")
+    assert "doesn't exist on the Hub" in str(raised.value) and "without a network" not in str(raised.value)
+
+
 @needs_bpe
 def test_a_dataset_of_another_source_is_replaced_saying_so(tmp_path, capsys):
     out_dir = tmp_path / "out"
