@@ -309,6 +309,15 @@ def score_hellaswag(args, plan, summaries, report, out_dir):
     return 0, report()
 
 
+def skipped_plots(budgets, learning_rates):
+    """'loss.png is skipped', '... and frontier.png are skipped': the plots frontier.write_report makes for this
+    comparison (frontier.png across sizes, learning_rates.png for a --learning_rates sweep), named where
+    matplotlib is missing."""
+    names = ["loss.png"] + ["frontier.png"] * (len(budgets) > 1) + ["learning_rates.png"] * bool(learning_rates)
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{listed} {'is' if len(names) == 1 else 'are'} skipped"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, train_overrides = parse_args(argv)
@@ -344,7 +353,7 @@ def main(argv=None):
               f"writes them without training", file=sys.stderr)
         return 1
     plots = (" and the plots beside them" if frontier.pyplot() else
-             "; matplotlib is not installed, so loss.png and frontier.png are skipped (pip install matplotlib)")
+             f"; matplotlib is not installed, so {skipped_plots(budgets, args.learning_rates)} (pip install matplotlib)")
     if code:  # results.md was written all the same, without the scores: say what else it lacks
         if not frontier.pyplot():
             print(f"wrote {out_dir / 'results.md'}{plots}", file=sys.stderr)

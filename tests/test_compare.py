@@ -102,8 +102,8 @@ def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
     assert settings["out_dir"] == str(out_dir.resolve() / "standard-seed0")
     last_line = f"wrote {out_dir.resolve() / 'results.md'}, {out_dir.resolve() / 'results.json'}"
     if importlib.util.find_spec("matplotlib") is None:
-        assert out.endswith(f"\n{last_line}; matplotlib is not installed, so loss.png and frontier.png are skipped "
-                            f"(pip install matplotlib)\n")  # no plots claimed
+        assert out.endswith(f"\n{last_line}; matplotlib is not installed, so loss.png is skipped "
+                            f"(pip install matplotlib)\n")  # no plots claimed, nor a frontier.png of one size
     else:
         assert (out_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert out.endswith(f"\n{last_line} and the plots beside them\n")
@@ -511,8 +511,8 @@ def test_a_stop_while_scoring_hellaswag_keeps_the_tables_and_the_scores_so_far(t
     assert compare.main(argv) == 130
     err = capsys.readouterr().err
     assert "stopped while scoring HellaSwag" in err
-    assert err.endswith(f"wrote {out_dir / 'results.md'}; matplotlib is not installed, so loss.png and frontier.png "
-                        f"are skipped (pip install matplotlib)\n")
+    assert err.endswith(f"wrote {out_dir / 'results.md'}; matplotlib is not installed, so loss.png is skipped "
+                        f"(pip install matplotlib)\n")
     table = (out_dir / "results.md").read_text()
     assert "| val loss |" in table and "HellaSwag" not in table
     assert compare.main(argv) == 0
@@ -730,6 +730,17 @@ def test_missing_matplotlib_or_scipy_skips_only_the_plots(tmp_path, monkeypatch)
     summary = markdown.split("## Summary")[1]
     assert "E=1.000, A=30, α=0.100 (E + A*C^-alpha)" in summary and "| 1.00x |" in summary
     assert json.loads((tmp_path / "results.json").read_text())["analysis"]["fits"]["efficient"] is not None
+
+
+@pytest.mark.parametrize("sizes, learning_rates, said", [
+    (1, [], "loss.png is skipped"),
+    (4, [], "loss.png and frontier.png are skipped"),
+    (1, [1e-3, 2e-3], "loss.png and learning_rates.png are skipped"),
+    (4, [1e-3, 2e-3], "loss.png, frontier.png and learning_rates.png are skipped"),
+])
+def test_without_matplotlib_the_closing_line_names_the_plots_this_comparison_makes(sizes, learning_rates, said):
+    budgets = {f"{n}x{n}x{16 * n}": 1e12 * n for n in range(1, sizes + 1)}
+    assert compare.skipped_plots(budgets, learning_rates) == said
 
 
 def test_sizes_trained_on_one_budget_are_a_profile_not_a_fit(tmp_path):
