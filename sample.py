@@ -162,10 +162,11 @@ def main(argv=None):
     sys.stdout.flush()  # the samples before the speed line, where both go to one file (2>&1)
     n_tokens = args.num_samples * args.max_new_tokens
     rate = n_tokens / seconds if seconds > 0 else float("inf")
+    compiled = ", compiled: the time includes compiling" if args.compile else ""  # the first sample compiles
     print(
         f"{n_tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s "
         f"({info['attention']} attention, {info['tokenizer']} tokenizer, {device}, {dtype}, "
-        f"KV cache {'off' if args.no_kv_cache else 'on'}{', compiled' if args.compile else ''})",
+        f"KV cache {'off' if args.no_kv_cache else 'on'}{compiled})",
         file=sys.stderr,
     )
     return 0

@@ -100,6 +100,18 @@ def test_compiled_decoding_samples_the_same_text(tmp_path, capsys):
     assert compiled == eager  # past block_size too: refills between compiled steps
 
 
+def test_the_speed_line_of_compiled_decoding_says_it_includes_compiling(tmp_path, capsys, monkeypatch):
+    """The first sample pays for torch.compile (tens of seconds): a rate read as the compiled path's speed
+    would look many times slower than eager decoding."""
+    write_checkpoint(tmp_path)
+    monkeypatch.setattr(sample, "sample", lambda *args, **kwargs: (["ab", "cd"], 4.0))
+    code, out, err = run(capsys, "--out_dir", tmp_path, "--num_samples", 2, "--max_new_tokens", 2, "--compile",
+                         "--device", "cpu")
+    assert code == 0, err
+    assert err.endswith("4 tokens in 4.00 s: 1.0 tokens/s (standard attention, char tokenizer, cpu, float32, "
+                        "KV cache on, compiled: the time includes compiling)\n")
+
+
 def test_meta_from_the_training_data_dir(tmp_path, capsys):
     from tokenizer import write_meta
 
