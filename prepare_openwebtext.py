@@ -741,9 +741,11 @@ def main(argv=None):
         sys.exit(130)
     if replaced not in (None, meta["source"]):
         print(f"replaced the dataset in {out_dir}, which was made from {replaced}")
-    print(f"wrote {out_dir}: {meta['tokens']['train']:,} train tokens ({meta['documents']['train']:,} documents), "
-          f"{meta['tokens']['val']:,} val tokens ({meta['documents']['val']:,} documents), "
-          f"{meta['empty_documents_skipped']:,} empty documents skipped")
+    docs = {split: f"{n:,} document{'' if n == 1 else 's'}" for split, n in meta["documents"].items()}
+    empty = meta["empty_documents_skipped"]
+    print(f"wrote {out_dir}: {meta['tokens']['train']:,} train tokens ({docs['train']}), "
+          f"{meta['tokens']['val']:,} val tokens ({docs['val']}), "
+          f"{empty:,} empty document{'' if empty == 1 else 's'} skipped")
 
 
 if __name__ == "__main__":

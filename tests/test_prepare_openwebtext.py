@@ -428,6 +428,16 @@ def test_a_hub_dataset_that_fails_otherwise_gets_no_offline_advice(tmp_path, no_
 
 
 @needs_bpe
+def test_the_closing_line_counts_one_document_in_the_singular(tmp_path, capsys):
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": doc} for doc in make_documents(9)] + [{"text": " "}])
+    prepare_openwebtext.main(["--dataset", str(source), "--out_dir", str(tmp_path / "out"), "--val_fraction", "0.1",
+                              "--num_proc", "1"])
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(r"wrote .*: [\d,]+ train tokens \(8 documents\), [\d,]+ val tokens \(1 document\), "
+                        r"1 empty document skipped", line), line
+
+
+@needs_bpe
 def test_a_dataset_of_another_source_is_replaced_saying_so(tmp_path, capsys):
     out_dir = tmp_path / "out"
     for name, said in (("a.jsonl", ""), ("a.jsonl", ""), ("b.jsonl", f"replaced the dataset in {out_dir}, which was "
