@@ -110,8 +110,8 @@ def last_evaluation(summary):
     if final is None:
         return "no evaluation in this run"
     if at == summary["iterations"]:
-        return f"final val loss {round(final, 4)}"
-    return f"val loss {round(final, 4)} when last evaluated, at iteration {at}"  # stopped between evaluations
+        return f"final val loss {final:.4f}"  # as the evaluation's own line prints it
+    return f"val loss {final:.4f} when last evaluated, at iteration {at}"  # stopped between evaluations
 
 
 def write_summary(run):
@@ -155,7 +155,8 @@ def write_summary(run):
     if run.master and run.stop_reason != "eval_only" and not run.keeps_earlier_run:
         write_text_atomic(run.out_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
     if run.stop_reason != "diverged":  # a diverged run is not done: the error that follows says what happened
-        run.say(f"done: {len(run.step_times)} iterations in {summary['wall_time_this_run_s']:.1f}s, "
+        steps = len(run.step_times)
+        run.say(f"done: {steps} iteration{'' if steps == 1 else 's'} in {summary['wall_time_this_run_s']:.1f}s, "
                 f"{last_evaluation(summary)}")
     if run.log.wandb is not None:
         run.log.wandb.finish()

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import configurator
+import runlog
 import train as T
 from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_resume_checkpoint, model_from_checkpoint,
                         save_checkpoint)
@@ -1470,13 +1471,24 @@ def test_the_last_line_of_a_run_stopped_before_any_evaluation_says_so(tmp_path, 
     monkeypatch.setattr(GPT, "forward", forward)
     cfg = tiny(tmp_path, data_dir, max_iters=50, eval_interval=100)
     for init_from, last_line in (
-            ("scratch", r"done: 1 iterations in [\d.]+s, val loss [\d.]+ when last evaluated, at iteration 0"),
-            ("resume", r"done: 1 iterations in [\d.]+s, no evaluation in this run")):
+            ("scratch", r"done: 1 iteration in [\d.]+s, val loss \d\.\d{4} when last evaluated, at iteration 0"),
+            ("resume", r"done: 1 iteration in [\d.]+s, no evaluation in this run")):
         calls = []
         T.train({**cfg, "init_from": init_from})
         out = capsys.readouterr().out
         assert re.fullmatch(last_line, out.splitlines()[-1])
     assert "resuming from " + str(tmp_path / "out" / "ckpt.pt") + " at iteration 1 (best val loss none saved yet)" in out
+
+
+def test_the_last_line_gives_the_final_val_loss_as_the_evaluation_printed_it(tmp_path, data_dir, capsys):
+    """round(loss, 4) dropped trailing zeros: 'val loss 3.4230' above, 'final val loss 3.423' below."""
+    T.train(tiny(tmp_path, data_dir))
+    lines = capsys.readouterr().out.splitlines()
+    last_eval = [line for line in lines if line.startswith("step 8: ")][-1]
+    assert lines[-1].endswith(f", final val loss {last_eval.split('val loss ')[1]}")
+    summary = {"final_val_loss": 3.42300001, "final_losses_iter": 35, "iterations": 35}
+    assert runlog.last_evaluation(summary) == "final val loss 3.4230"
+    assert runlog.last_evaluation({**summary, "iterations": 40}) == "val loss 3.4230 when last evaluated, at iteration 35"
 
 
 def test_what_a_config_asks_for_but_seldom_means_is_noted(tmp_path, data_dir, capsys):
