@@ -352,6 +352,9 @@ def build_model(run, checkpoint):
     if checkpoint is not None and not run.fsdp:  # FSDP loads its shards with the optimizer
         load_weights(model, checkpoint["model"], checkpoint["source"])
     run.raw_model = model.to(run.device)  # under FSDP, sharded in place
+    tied = " (the tied head counted once)" if model.config.tie_embeddings else ""
+    run.say(f"model: {model.config.attention} attention, {model.get_num_params(non_embedding=False):,} parameters"
+            f"{tied}, {model.flops_per_token():,} training FLOPs per token")  # as summary.json counts them
     torch.manual_seed(c["seed"] + run.rank)
     # compile, then DDP or FSDP; evaluation runs without DDP's hooks
     run.model, run.eval_model = distributed.wrap_model(model, c, run.ddp, run.device, run.dtype, run.say)

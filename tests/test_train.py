@@ -1491,6 +1491,14 @@ def test_the_last_line_gives_the_final_val_loss_as_the_evaluation_printed_it(tmp
     assert runlog.last_evaluation({**summary, "iterations": 40}) == "val loss 3.4230 when last evaluated, at iteration 35"
 
 
+@pytest.mark.parametrize("attention, tie_embeddings", [("standard", True), ("super", False)])
+def test_the_model_size_is_printed_before_training(tmp_path, data_dir, capsys, attention, tie_embeddings):
+    summary = T.train(tiny(tmp_path, data_dir, attention=attention, tie_embeddings=tie_embeddings, max_iters=1))
+    tied = " (the tied head counted once)" if tie_embeddings else ""
+    assert (f"\nmodel: {attention} attention, {summary['n_params']:,} parameters{tied}, "
+            f"{summary['flops_per_token']:,} training FLOPs per token\nstep 0: ") in capsys.readouterr().out
+
+
 def test_what_a_config_asks_for_but_seldom_means_is_noted(tmp_path, data_dir, capsys):
     cfg = tiny(tmp_path, data_dir, max_iters=4, lr_decay_iters=8, warmup_iters=2)
     T.train(cfg)
