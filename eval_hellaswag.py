@@ -503,9 +503,21 @@ def print_accuracies(results):
             print(f"{m:>14}: n/a (needs {', '.join(HARNESS_FIELDS)} in every example)")
         else:
             print(f"{m:>14}: {results[m]:.4f}  ({results['correct'][m]}/{results['n']})")
-    n = results["n_endings_truncated"]
-    if n:
-        print(f"note: {n} ending{' was' if n == 1 else 's were'} longer than block_size and only partly scored")
+    if results["n_endings_truncated"]:
+        print(f"note: {truncation_note(results['n_endings_truncated'])}")
+
+
+def accuracies_line(results):
+    """The accuracies on one line, as training logs them: 'acc 0.2500 (3/12), ..., acc_harness n/a'."""
+    parts = [f"{m} n/a" if results[m] is None else f"{m} {results[m]:.4f} ({results['correct'][m]}/{results['n']})"
+             for m in METRICS]
+    if results["n_endings_truncated"]:
+        parts.append(truncation_note(results["n_endings_truncated"]))
+    return ", ".join(parts)
+
+
+def truncation_note(n):
+    return f"{n} ending{' was' if n == 1 else 's were'} longer than block_size and only partly scored"
 
 
 # -----------------------------------------------------------------------------

@@ -685,22 +685,8 @@ def run_hellaswag(run):
     finally:
         run.raw_model.train()
     run.log.write({"type": "hellaswag", "iter": run.iter_num, **result, "elapsed_s": run.wall_time()})
-    run.say(f"iter {run.iter_num}: hellaswag {hellaswag_line(result)}")
+    run.say(f"iter {run.iter_num}: hellaswag {eval_hellaswag.accuracies_line(result)}")
 
-
-def hellaswag_line(result):
-    """The accuracies as eval_hellaswag.py prints them, on one line: 'acc 0.2500 (3/12), ..., acc_harness n/a'
-    (n/a where an example lacks the harness's fields); log.jsonl keeps the whole result."""
-    n, correct, parts = result.get("n"), result.get("correct") or {}, []
-    for m in ("acc", "acc_norm", "acc_char_norm", "acc_harness"):
-        if m in result:
-            counts = f" ({correct[m]}/{n})" if m in correct else ""
-            parts.append(f"{m} n/a" if result[m] is None else f"{m} {result[m]:.4f}{counts}")
-    truncated = result.get("n_endings_truncated")
-    if truncated:
-        parts.append(f"{truncated} ending{' was' if truncated == 1 else 's were'} longer than block_size and only "
-                     f"partly scored")
-    return ", ".join(parts)
 
 
 def log_step(run, loss, lr, dt):

@@ -1795,17 +1795,21 @@ def test_a_resumed_runs_wall_time_and_speed_count_its_kept_steps_once(tmp_path, 
 def test_hellaswag_hook_is_optional(tmp_path, data_dir, monkeypatch):
     import types
 
+    import eval_hellaswag
+
     fake = types.ModuleType("eval_hellaswag")
+    fake.accuracies_line = eval_hellaswag.accuracies_line
     fake.examples_for_training = lambda path, limit, meta, say: (["example"] * 3, None)
     fake.evaluate = lambda model, examples, tokenizer, device, batch_size, rank, world_size: dict(
-        acc=0.25, acc_norm=0.5, acc_char_norm=0.5, n=3)
+        acc=1 / 3, acc_norm=2 / 3, acc_char_norm=2 / 3, acc_harness=None, n=3,
+        correct={"acc": 1, "acc_norm": 2, "acc_char_norm": 2}, n_endings_truncated=0, block_size=16)
     monkeypatch.setitem(sys.modules, "eval_hellaswag", fake)
     hellaswag_file = tmp_path / "x.jsonl"
     hellaswag_file.touch()
     T.train(tiny(tmp_path, data_dir, max_iters=4, hellaswag_interval=2, hellaswag_file=str(hellaswag_file)), verbose=False)
     records = read_log(tmp_path / "out")
     hs = [r for r in records if r["type"] == "hellaswag"]
-    assert [r["iter"] for r in hs] == [2, 4] and hs[0]["acc_norm"] == 0.5 and hs[0]["n"] == 3
+    assert [r["iter"] for r in hs] == [2, 4] and hs[0]["acc_norm"] == 2 / 3 and hs[0]["n"] == 3
 
     monkeypatch.setitem(sys.modules, "eval_hellaswag", None)  # import fails: train on without it
     summary = T.train(tiny(tmp_path / "b", data_dir, max_iters=2, hellaswag_interval=1, hellaswag_file=str(hellaswag_file)),
@@ -1818,7 +1822,10 @@ def test_hellaswag_line_during_training_reads_as_eval_hellaswags(tmp_path, data_
     result dict's Python repr ("acc_char_norm None", "correct {'acc': 1, ...}")."""
     import types
 
+    import eval_hellaswag
+
     fake = types.ModuleType("eval_hellaswag")
+    fake.accuracies_line = eval_hellaswag.accuracies_line
     fake.examples_for_training = lambda path, limit, meta, say: (["example"] * 6, None)
     fake.evaluate = lambda model, examples, tokenizer, device, batch_size, rank, world_size: dict(
         acc=1 / 6, acc_norm=2 / 6, acc_char_norm=None, acc_harness=None, n=6, correct={"acc": 1, "acc_norm": 2},
