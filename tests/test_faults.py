@@ -241,9 +241,11 @@ def test_a_run_without_fsdp_replaces_an_earlier_fsdp_runs_shards(reference, tmp_
     outlive it (a kill between that save and their removal) are refused, and no file changes."""
     out = tmp_path / "out"
     shutil.copytree(reference, out)  # mtimes kept: the FSDP run's export is newer than its shards
-    T.train(tiny(tmp_path, data_dir, max_iters=2, eval_interval=2), verbose=True)
+    T.train(tiny(tmp_path, data_dir, max_iters=4, eval_interval=2), verbose=True)
     assert folders(out) == []
-    assert f"removed {out / FINAL}, an earlier FSDP run's checkpoint" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"removed {out / FINAL}, an earlier FSDP run's checkpoint" in said
+    assert said.count("an earlier FSDP run's checkpoint") == 1  # at the first save, not at the second
     model_args = load_checkpoint(out)["model_args"]
     with pytest.raises(T.CheckpointError, match="no sharded checkpoint at .* resume it with parallelism='ddp'"):
         T.load_resume_checkpoint(out, model_args, sharded=True)
@@ -253,7 +255,7 @@ def test_a_run_without_fsdp_replaces_an_earlier_fsdp_runs_shards(reference, tmp_
     with pytest.raises(T.CheckpointError) as err:
         T.load_resume_checkpoint(out, model_args, sharded=True)
     assert str(err.value).startswith(f"{out / FINAL} holds an earlier FSDP run (iteration 8): {out / 'ckpt.pt'} "
-                                     f"(iteration 2) was written after it by a run without FSDP. Resume that run "
+                                     f"(iteration 4) was written after it by a run without FSDP. Resume that run "
                                      f"with parallelism='ddp'")
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 

@@ -196,7 +196,16 @@ def test_llama_shape_with_activation_checkpointing_under_fsdp_equals_single_proc
     torch.testing.assert_close(train_losses(fsdp), train_losses(single), rtol=1e-5, atol=0)
 
 
-def test_fsdp_bf16_mixed_precision_keeps_fp32_weights(tmp_path, data_dir, one_process_group):
+def test_fsdp_bf16_mixed_precision_keeps_fp32_weights(tmp_path, data_dir, one_process_group, monkeypatch):
+    import torch.distributed.fsdp as fsdp
+
+    real_fully_shard, policies = fsdp.fully_shard, []
+
+    def fully_shard(module, **options):
+        policies.append(options["mp_policy"])
+        return real_fully_shard(module, **options)
+
+    monkeypatch.setattr(fsdp, "fully_shard", fully_shard)
     summary = T.train(tiny(tmp_path / "bf16", data_dir, **COMMON, parallelism="fsdp", dtype="bfloat16"),
                       verbose=False)
     reference = T.train(tiny(tmp_path / "fp32", data_dir, **COMMON, parallelism="fsdp"), verbose=False)
@@ -206,6 +215,8 @@ def test_fsdp_bf16_mixed_precision_keeps_fp32_weights(tmp_path, data_dir, one_pr
     # bf16 forward and backward, fp32 reduction and update: close to fp32, not equal to it
     assert summary["final_val_loss"] == pytest.approx(reference["final_val_loss"], rel=2e-2)
     assert summary["final_val_loss"] != reference["final_val_loss"]
+    bf16 = [policy for policy in policies if policy.param_dtype == torch.bfloat16]
+    assert len(bf16) == 3 and all(policy.reduce_dtype == torch.float32 for policy in bf16)  # 2 blocks and the root
 
 
 def test_fsdp_compiles_each_block(tmp_path, data_dir, one_process_group, monkeypatch):

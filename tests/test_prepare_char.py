@@ -178,6 +178,15 @@ def test_a_dataset_made_from_another_source_is_replaced_saying_so(tmp_path, caps
         assert capsys.readouterr().out.startswith(f"{said}file:{src.name}: {len(src.read_text())} characters")
 
 
+def test_a_damaged_meta_json_in_out_dir_is_replaced_by_the_new_dataset(tmp_path, capsys):
+    src, out = tmp_path / "text.txt", tmp_path / "out"
+    src.write_text("the text\n" * 20)
+    out.mkdir()
+    (out / "meta.json").write_text('{"tokenizer": "ch')  # cut off
+    assert P.main([f"--input={src}", f"--out_dir={out}"]) == 0
+    assert read_meta(out)["source"] == "file:text.txt" and "replaced" not in capsys.readouterr().out
+
+
 def test_an_out_dir_that_cannot_be_written_is_an_error_line(tmp_path, capsys):
     (tmp_path / "taken").write_text("a file, not a folder")
     for out_dir in (tmp_path / "taken", tmp_path / "taken" / "sub"):

@@ -1,16 +1,19 @@
 """runtime.py: device and dtype choice, and the GPU peaks MFU is measured against; the machine as
 every test but test_gpu.py sees it (conftest)."""
+import io
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from runtime import (StopSignals, autocast_context, gpu_peak_flops, peak_flops, resolve_device, resolve_dtype,
-                     run_script)
+import runtime
+from runtime import (CpuThreads, StopSignals, autocast_context, gpu_peak_flops, peak_flops, peak_memory_bytes,
+                     resolve_device, resolve_dtype, run_script, sigterm_as_ctrl_c)
 
 
 @pytest.mark.parametrize("name, flops", [
@@ -48,6 +51,12 @@ def test_auto_device_and_dtype_on_a_machine_without_cuda(monkeypatch):
         resolve_dtype("fp8", "cpu")
 
 
+def test_mps_where_it_is_not_available_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device='mps': MPS is not available here"):
+        resolve_device("mps")
+
+
 def test_auto_dtype_on_a_gpu_is_bfloat16_where_the_gpu_has_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # Ampere on
     assert resolve_dtype("auto", "cuda:0") == "bfloat16"
@@ -79,6 +88,13 @@ def test_a_repeated_sigterm_still_saves_first_and_a_second_ctrl_c_stops_at_once(
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored on the way out
+
+
+def test_sigterm_is_a_ctrl_c_inside_sigterm_as_ctrl_c_and_only_there():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c():
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_a_script_exits_with_mains_status_and_a_ctrl_c_is_one_line_and_130(capsys):
@@ -140,3 +156,42 @@ def test_under_torchrun_a_process_without_its_own_gpu_is_one_error(device, local
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match=re.escape(message)):
         train.choose_device({"device": device, "dtype": "float32"}, True, local_rank)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from Linux's /proc")
+def test_the_peak_memory_on_a_cpu_is_in_bytes():
+    """About what the process holds now, or more (ru_maxrss is in KiB on Linux, bytes on macOS); the kernel's
+    counters of the two lag each other by a few pages."""
+    with open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert peak_memory_bytes("cpu") > resident / 2
+
+
+def test_the_load_counts_neither_idle_nor_iowait_time_as_busy(monkeypatch):
+    """/proc/stat's cpu line: user nice system idle iowait irq softirq steal ..."""
+    lines = iter(["cpu  100 5 50 1000 200 3 2 0 0 0\n",
+                  "cpu  100 5 50 1700 900 3 2 0 0 0\n",  # idle and waiting for the disk
+                  "cpu  180 5 50 1700 900 3 2 0 0 0\n"])  # busy
+    monkeypatch.setattr(runtime, "open", lambda path: io.StringIO(next(lines)), raising=False)
+    first, idle, busy = (CpuThreads._reading()[1] for _ in range(3))
+    assert idle == first < busy
+
+
+def test_cpu_threads_read_the_load_at_most_once_per_interval(monkeypatch):
+    readings = []
+
+    def reading():
+        readings.append(None)
+        return time.monotonic(), 0.0, 0.0
+
+    monkeypatch.setattr(CpuThreads, "_reading", staticmethod(reading))
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    threads = CpuThreads(num_threads=0, device="cpu", interval=3600.0)
+    assert threads.adaptive
+    taken = len(readings)
+    threads.adjust()
+    assert len(readings) == taken  # within the interval: the last reading stands
+    threads.mark = (time.monotonic() - 3600.0, 0.0, 0.0)
+    threads.adjust()
+    assert len(readings) == taken + 1

@@ -1,4 +1,5 @@
 """tokenizer.py: the character and GPT-2 tokenizers, meta.json, and the atomic token-file writers."""
+import errno
 import hashlib
 import json
 import os
@@ -13,8 +14,10 @@ from tokenizer import (
     EOT_TOKEN,
     CharTokenizer,
     GPT2Tokenizer,
+    PrepareError,
     TokenizerUnavailableError,
     char_fingerprint,
+    check_out_dir,
     gpt2_encoding,
     read_meta,
     tokenizer_from_meta,
@@ -110,7 +113,10 @@ def fake_tiktoken(monkeypatch, tmp_path):
     gpt2_encoding.cache_clear()  # the next test gets the real encoding again
 
 
-def test_gpt2_encoding_loads_cached_r50k_base_without_trying_gpt2(fake_tiktoken, tmp_path):
+@pytest.mark.parametrize("variable", ["TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"])  # tiktoken reads either
+def test_gpt2_encoding_loads_cached_r50k_base_without_trying_gpt2(fake_tiktoken, tmp_path, monkeypatch, variable):
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR")
+    monkeypatch.setenv(variable, str(tmp_path))
     cache_key = hashlib.sha1(tokenizer.R50K_BASE_URL.encode()).hexdigest()
     (tmp_path / cache_key).write_bytes(b"cached")
     fake_tiktoken["available"] = {"gpt2", "r50k_base"}
@@ -185,6 +191,19 @@ def test_write_meta_refuses_a_bad_meta(tmp_path):
     with pytest.raises(ValueError, match="vocab_size"):
         write_meta(tmp_path, {"tokenizer": "gpt2", "tokens": {"train": 1, "val": 1}})
     assert not (tmp_path / "meta.json").exists()
+
+
+def test_an_out_dir_where_no_file_can_be_written_is_refused_naming_the_folder(tmp_path, monkeypatch):
+    """No permission or a read-only disk (as root, a read-only folder is writable, so the refusal is simulated)."""
+    def refused(dir):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), dir)
+
+    monkeypatch.setattr(tokenizer.tempfile, "TemporaryFile", refused)
+    with pytest.raises(PrepareError) as excinfo:
+        check_out_dir(tmp_path / "new" / "data")
+    assert str(excinfo.value) == (f"cannot write the dataset to {tmp_path / 'new' / 'data'}: "
+                                  f"{os.strerror(errno.EACCES)}: {tmp_path}")
+    assert not (tmp_path / "new").exists()
 
 
 # -----------------------------------------------------------------------------

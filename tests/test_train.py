@@ -137,6 +137,7 @@ def test_an_override_a_later_config_file_sets_again_is_an_error(tmp_path, capsys
     (["--compile=false"], ["compile", "bool", "str", "write True or False"]),
     (["--learning_rate=fast"], ["learning_rate", "float", "str"]),
     (["--batch_size=True"], ["batch_size", "int", "bool"]),
+    (["--learning_rate=True"], ["learning_rate", "float", "bool"]),  # not taken for 1.0
 ])
 def test_config_errors_name_key_and_type(argv, words):
     with pytest.raises(T.ConfigError) as err:
@@ -270,6 +271,8 @@ def test_init_from_gpt2_with_other_attention_is_a_clear_error(tmp_path, data_dir
     ({"backend": "nccl", "device": "cpu"}, ["'backend'='nccl'", "CUDA GPUs only", "'gloo'"]),
     ({"init_from": "gpt2", "block_size": 2048}, ["block_size=2048", "context of 1024 tokens"]),
     ({"min_lr": 1e-2}, ["'min_lr'=0.01", "exceeds learning_rate=0.001", "learning_rate / 10"]),
+    ({"lr_decay_iters": 2}, ["'lr_decay_iters'=2", "must exceed warmup_iters=2"]),  # the cosine would divide by 0
+    ({"grad_clip": math.inf}, ["'grad_clip'=inf", "finite"]),  # --grad_clip=1e999 reads as inf
 ])
 def test_values_torch_would_refuse_later_are_refused_before_training(override, words, tmp_path, data_dir):
     with pytest.raises(T.ConfigError) as err:
@@ -277,6 +280,12 @@ def test_values_torch_would_refuse_later_are_refused_before_training(override, w
     for word in words:
         assert word in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_constant_learning_rate_may_be_below_min_lr():
+    """min_lr is where the cosine ends: with decay_lr=False there is none, and the default min_lr stays."""
+    c = configurator.resolve_config(configurator.get_config(["--decay_lr=False", "--learning_rate=1e-5"]))
+    assert c["min_lr"] > c["learning_rate"]
 
 
 def test_wandb_log_without_wandb_installed_is_a_config_error(tmp_path, data_dir, monkeypatch):
@@ -1089,7 +1098,9 @@ def test_an_nccl_process_group_is_bound_to_its_ranks_gpu(monkeypatch):
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda **options: joined.append(options))
     distributed.init_process_group("nccl", "cuda:1")
     distributed.init_process_group("gloo", "cpu")
-    assert joined == [dict(backend="nccl", device_id=torch.device("cuda:1")), dict(backend="gloo", device_id=None)]
+    distributed.init_process_group("gloo", "cuda:0")  # backend='gloo' on a GPU: no NCCL group to bind
+    assert joined == [dict(backend="nccl", device_id=torch.device("cuda:1")), dict(backend="gloo", device_id=None),
+                      dict(backend="gloo", device_id=None)]
 
 
 # Two gloo ranks forked from one process, where the HellaSwag file can be read on rank 0 only (as a
@@ -1255,6 +1266,29 @@ def test_the_launcher_keeps_sigint_and_sigterm_under_an_agent_of_any_torch(monke
     assert passed == [signal.SIGTERM, signal.SIGINT] and torchs == [signal.SIGHUP]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the training processes")
+def test_the_launcher_passes_a_signal_on_as_sent_and_with_no_training_process_ends_as_the_signal_would():
+    """Its children are the training processes: a Ctrl-C reaches them as SIGINT, and one that comes before
+    any was started (or after they ended) stops the launcher at once, with the status the signal gives."""
+    code = textwrap.dedent("""
+        import os, signal, subprocess, sys
+        import launcher
+        worker = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGINT, "
+                                   "lambda s, f: sys.exit(signal.Signals(s).name)); print('ready', flush=True); "
+                                   "time.sleep(60)"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert worker.stdout.readline() == "ready\\n"
+        assert launcher.child_pids(os.getpid()) == [worker.pid]  # before any signal is sent
+        launcher._pass_signal_to_workers(signal.SIGINT, None)
+        print(worker.communicate(timeout=30)[1].strip(), flush=True)  # what the worker's handler received
+        launcher._pass_signal_to_workers(signal.SIGTERM, None)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout == "SIGINT\n", result.stderr[-3000:]
+    assert result.stderr == "launcher: received SIGINT, passing it to the 1 training process(es)\n"
+    assert result.returncode == 128 + signal.SIGTERM
+
+
 def test_launcher_options_need_their_value_after_an_equals_sign(capsys):
     assert T.main(["--nproc_per_node", "2", "config/quickstart.py"]) == 1
     assert "--nproc_per_node=VALUE" in capsys.readouterr().err
@@ -1279,7 +1313,8 @@ def test_a_launch_torchrun_refuses_is_one_error_line(option, message, tmp_path, 
 
 
 @pytest.mark.parametrize("environment", [dict(RANK="0"), dict(RANK="x"), dict(
-    RANK="1", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")])
+    RANK="1", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500"), dict(
+    RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_PORT="29500")])  # no MASTER_ADDR
 def test_an_incomplete_launch_environment_is_one_error_line(environment, tmp_path, data_dir, capsys, monkeypatch):
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
@@ -1312,6 +1347,11 @@ def test_steps_that_do_not_split_name_the_process_counts_that_would():
     c = configurator.resolve_config(configurator.get_config(["--parallelism=fsdp", "--eval_iters=3", "--gradient_accumulation_steps=6"]))
     assert configurator.world_size_problem(c, 2).endswith("; 3 splits over 1, 3 processes, or, for 2, set --eval_iters=4")
     assert configurator.world_size_problem(c, 3) is None
+    c = configurator.resolve_config(configurator.get_config(["--eval_iters=3", "--gradient_accumulation_steps=6"]))
+    assert configurator.world_size_problem(c, 2) is None  # DDP: each rank evaluates on its own, as many as it likes
+    c = configurator.resolve_config(configurator.get_config(["--gradient_accumulation_steps=1"]))
+    assert configurator.world_size_problem(c, 4).endswith(
+        "for 4, set --gradient_accumulation_steps=4 (the global batch changes with it)")  # not 0, the nearest multiple
 
 
 def test_the_planned_world_size_is_known_unless_the_nodes_are_elastic():
