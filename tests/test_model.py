@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import LLAMA, SHAPES, TINY, VARIANTS, WIDE_HEAD, needs_compiler, random_tokens, tiny_model
 from example_variant import TemperatureAttention
+import generate
 from generate import KVCache
 from model import (GPT, GPT2_SHAPES, GPTConfig, SuperAttention, attention_by_matmuls, gpt2_config, published_gpt2_config,
                    rotary_cos_sin)
@@ -512,6 +513,35 @@ def test_cached_generation_equals_uncached_past_block_size(attention, options, s
     uncached = model.generate(prompt, steps, use_kv_cache=False, **sampling)
     assert cached.shape == (2, 5 + steps)
     assert torch.equal(cached, uncached)
+
+
+DECODINGS = ([pytest.param(attention, options, decoding, id=f"{shape.id}-{decoding}")
+              for shape in SHAPES for attention, options in [shape.values] for decoding in ("cached", "uncached")]
+             + [pytest.param("super", options, "compiled", id=f"super-{name}-compiled",
+                             marks=[pytest.mark.slow, needs_compiler])
+                for name, options in (("gpt2", {}), ("llama", LLAMA))])
+
+
+@pytest.mark.parametrize("attention, options, decoding", DECODINGS)
+def test_each_step_samples_from_the_logits_of_the_last_block_size_tokens(attention, options, decoding, monkeypatch):
+    """The logits every step of generate draws from, against the model run afresh on the last block_size
+    tokens: up to the slide (a prompt, then one token a step) and past it, where every position shifts
+    (super's W^A row p is again the p-th token of the new window). Equal tokens alone let small errors
+    through: logits off by up to 0.0005 past the slide change no token of the test above."""
+    model, prompt, block = tiny_model(attention, **options), random_tokens(2, 5), TINY["block_size"]
+    seen, sample_next = [], generate.sample_next
+
+    def recording(logits, temperature=1.0, top_k=None):
+        seen.append(logits.clone())
+        return sample_next(logits, temperature, top_k)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(generate, "sample_next", recording)
+        out = model.generate(prompt, block + 6, top_k=1, use_kv_cache=decoding != "uncached",
+                             compile=decoding == "compiled")
+    with torch.no_grad():
+        expected = [model(out[:, max(0, t - block) : t])[0][:, -1] for t in range(5, out.size(1))]
+    torch.testing.assert_close(torch.stack(seen), torch.stack(expected), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("attention, options", SHAPES)
