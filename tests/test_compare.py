@@ -12,6 +12,7 @@ import subprocess
 import shlex
 import shutil
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -255,6 +256,48 @@ def test_a_budget_stopped_run_ends_on_its_schedules_final_learning_rate(tiny_run
 
 
 @pytest.mark.slow
+def test_runs_of_one_seed_train_on_the_same_batches_and_are_evaluated_on_the_same_ones(tiny_run, monkeypatch):
+    """The variants of one seed are paired: FLOP-matched runs of different lengths draw the same training
+    batches in the same order (the cheaper one's extra steps come after them), whatever their models' own
+    draws from the RNG, and every evaluation of any of them reads the same validation windows. Another
+    seed draws others."""
+    config, out_dir = tiny_run
+    runs, _ = plan(config, out_dir, "--variants=standard,efficient,super", "--seeds=2", "--match=flops",
+                   "--max_iters=5", "--eval_interval=2")
+    read, evaluating = [], []
+    real_get, real_estimate = train.Batches.get, train.estimate_loss
+
+    def get(self, ix):
+        read.append(("eval" if evaluating else "step", Path(self.path).stem, ix.tolist()))
+        return real_get(self, ix)
+
+    def estimate_loss(run):
+        evaluating.append(True)
+        try:
+            return real_estimate(run)
+        finally:
+            evaluating.clear()
+
+    monkeypatch.setattr(train.Batches, "get", get)
+    monkeypatch.setattr(train, "estimate_loss", estimate_loss)
+    drawn = {}
+    for run in runs:
+        read.clear()
+        train.train(configurator.resolve_config(configurator.get_config(run.train_args)), verbose=False)
+        drawn[run.variant, run.seed] = {"steps": [ix for phase, _, ix in read if phase == "step"],
+                                        "val": [ix for phase, split, ix in read if phase == "eval" and split == "val"]}
+    iterations = {run.variant: run.iterations for run in runs}
+    assert iterations["standard"] < iterations["efficient"]  # the same FLOPs, more steps
+    for seed in (0, 1):
+        longest = drawn["efficient", seed]["steps"]
+        for variant in iterations:
+            mine = drawn[variant, seed]
+            assert mine["steps"] == longest[:iterations[variant]]  # one micro-batch a step, in one order
+            assert len(mine["val"]) > 1 and all(ix == drawn["standard", seed]["val"][0] for ix in mine["val"])
+    assert drawn["standard", 0]["steps"] != drawn["standard", 1]["steps"]
+    assert drawn["standard", 0]["val"][0] != drawn["standard", 1]["val"][0]
+
+
 def test_a_time_matched_sweep_plans_from_its_probes_and_a_rerun_reuses_them(tiny_run, capsys):
     config, out_dir = tiny_run
     argv = [str(config), "--variants=standard,efficient", "--match=time", "--budget_seconds=0.1", "--probe_iters=3",
