@@ -278,9 +278,19 @@ def analyse(summaries, labels, variants, reference, seeds, target=None):
             # "beyond" is "out of range"; None is no reading at all (that seed's curve does not fall, say)
             needs[variant]["reached_per_seed"] = [side for _, _, side in per_seed]
     alphas = {v: alphas_per_seed(summaries, labels, v, seeds) if fits[v] and seeds > 1 else [] for v in variants}
-    return {"reference": reference, "target_loss": target, "fits": fits, "compute_for_target": needs,
+    return {"reference": reference, "target_loss": target,
+            "target_loss_per_seed": seed_targets(summaries, labels, reference, seeds, per_seed_target)
+            if target is not None and reference in variants else [], "fits": fits, "compute_for_target": needs,
             "no_fit": {v: why_no_fit(points[v][0]) for v in variants}, "alpha_per_seed": alphas,
             "alpha_range": {v: alpha_range(alphas[v]) for v in variants}}
+
+
+def seed_targets(summaries, labels, reference, seeds, target=None):
+    """The loss each seed's ratio is read at: the given target, or that seed's reference curve's fitted loss
+    at its largest size (None where that seed's reference has no fit)."""
+    fits = [fit_loss_curve(*variant_points(summaries, reference, labels, "training_flops", seed)[:2])
+            for seed in range(seeds)]
+    return [target if target is not None else fit and fitted_loss_at_largest(fit) for fit in fits]
 
 
 def alpha_range(alphas):
@@ -308,6 +318,11 @@ def fit_notes(analysis, variants):
     notes = []
     if any(analysis["alpha_range"][v] for v in variants):
         notes.append("α per seed: the lowest and highest α of the fits of each seed's losses alone.")
+    targets, target = analysis["target_loss_per_seed"], analysis["target_loss"]
+    if len(targets) > 1 and any(t is not None and t != target for t in targets):
+        losses = ", ".join("n/a" if t is None else f"{t:.4f}" for t in targets)
+        notes.append(f"Ratio per seed: each seed's own curves, read at that seed's own target (its "
+                     f"{analysis['reference']} curve's loss at the largest size: {losses}), not at {target:.4f}.")
     if any(fit["E_at_bound"] for fit in fits):
         notes.append("E at its bound: the fitted floor lies at an end of its search (0, or just under the smallest "
                      "loss), so these points do not place E, and α moves with it: read the curve, not E and α.")

@@ -878,6 +878,30 @@ def test_no_ratio_where_the_reference_reaches_the_target_outside_its_range():
                                                       "range")
 
 
+def test_each_seeds_ratio_is_read_at_its_own_target_and_says_so(tmp_path):
+    """Seed 0's standard follows 1 + 30 C^-0.1, seed 1's 1 + 33 C^-0.1; efficient needs 0.8x of its seed's
+    standard's compute. The fit of the means (A = 31.5) sets the column's target; each seed's ratio is read
+    at that seed's own standard loss at 1e13, which results.md and results.json name."""
+    rows, budgets = synthetic_summaries(["standard", "efficient"])
+    for row in rows:
+        compute = row["training_flops"] / (0.8 if row["attention"] == "efficient" else 1.0)
+        row["final_val_loss"] = 1.0 + (30.0, 33.0)[row["seed"]] * compute ** -0.1
+    markdown = frontier.write_report(tmp_path, "header", [], budgets, rows, variants=["standard", "efficient"],
+                                     reference="standard", seeds=2, extra={})
+    analysis = json.loads((tmp_path / "results.json").read_text())["analysis"]
+    own = [1.0 + A * 1e13 ** -0.1 for A in (30.0, 33.0)]
+    assert analysis["target_loss"] == pytest.approx(1.0 + 31.5 * 1e13 ** -0.1, rel=1e-6)
+    assert analysis["target_loss_per_seed"] == pytest.approx(own, rel=1e-6)
+    assert analysis["compute_for_target"]["efficient"]["ratio_per_seed"] == pytest.approx([0.8, 0.8], rel=1e-3)
+    assert (f"Ratio per seed: each seed's own curves, read at that seed's own target (its standard curve's loss at "
+            f"the largest size: {own[0]:.4f}, {own[1]:.4f}), not at {analysis['target_loss']:.4f}.") in markdown
+    given = frontier.analyse(rows, list(budgets), ["standard", "efficient"], "standard", 2, target=1.2)
+    assert given["target_loss_per_seed"] == [1.2, 1.2] and "Ratio per seed" not in "".join(frontier.fit_notes(
+        given, ["standard", "efficient"]))
+    one_seed = [r for r in rows if r["seed"] == 0]
+    assert "Ratio per seed" not in one_seed_report(tmp_path, budgets, one_seed, ["standard", "efficient"])
+
+
 def test_a_ratio_out_of_range_still_gives_each_seeds_own():
     """Efficient needs 1.5x standard's compute in seed 0 and 0.9x in seed 1: the fit of the mean reaches
     standard's loss only past its range, while seed 1's own curve reaches it inside."""
