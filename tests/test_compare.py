@@ -366,6 +366,8 @@ def test_the_summary_names_the_unit_of_each_sizes_budget(tiny_run):
                          f"--out_dir={out_dir}"]) == 0
     summary = (out_dir / "results.md").read_text().split("## Summary")[1]
     assert "| val loss at 1x1x16 (budget 2 iterations) | val loss at 1x2x16 (budget 2 iterations) |" in summary
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results["budgets"] == {"1x1x16": 2, "1x2x16": 2} and results["budget_unit"] == "iterations"
 
 
 def test_a_run_of_one_iteration_still_evaluates_every_iteration(tiny_run):
