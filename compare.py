@@ -286,7 +286,8 @@ def write_results(args, argv, train_overrides, plan, budgets, summaries, out_dir
     mixed = frontier.mixed_setups_note(summaries.values())
     header += f"\n\n{mixed}" if mixed else ""
     extra = {"command": command, "config": args.config, "train_overrides": train_overrides, "match": args.match,
-             "budget_unit": BUDGET_UNITS[args.match], "reference": args.reference, "seeds": args.seeds, "learning_rates": args.learning_rates}
+             "budget_unit": BUDGET_UNITS[args.match], "reference": args.reference, "seeds": args.seeds,
+             "learning_rates": args.learning_rates}
     return frontier.write_report(out_dir, header, plan, budgets, list(summaries.values()), variants=args.variants,
                                  reference=args.reference, seeds=args.seeds, extra=extra,
                                  budget_unit=BUDGET_UNITS[args.match])
