@@ -216,12 +216,16 @@ def variant_points(summaries, variant, labels, x_key, seed=None):
     return tuple(np.array(column) for column in zip(*points)) if points else (np.array([]),) * 3
 
 
+def fits_per_seed(summaries, labels, variant, seeds):
+    """The fit of each seed's own losses against training FLOPs (None where that seed has none)."""
+    return [fit_loss_curve(*variant_points(summaries, variant, labels, "training_flops", seed)[:2])
+            for seed in range(seeds)]
+
+
 def alphas_per_seed(summaries, labels, variant, seeds):
     """Alpha of each seed's own fit, None where that seed has none: with 3-5 points the fit of the mean
     is fragile, and their range is its interval."""
-    fits = [fit_loss_curve(*variant_points(summaries, variant, labels, "training_flops", seed)[:2])
-            for seed in range(seeds)]
-    return [None if fit is None else fit["alpha"] for fit in fits]
+    return [None if fit is None else fit["alpha"] for fit in fits_per_seed(summaries, labels, variant, seeds)]
 
 
 def fitted_loss_at_largest(fit):
@@ -288,9 +292,8 @@ def analyse(summaries, labels, variants, reference, seeds, target=None):
 def seed_targets(summaries, labels, reference, seeds, target=None):
     """The loss each seed's ratio is read at: the given target, or that seed's reference curve's fitted loss
     at its largest size (None where that seed's reference has no fit)."""
-    fits = [fit_loss_curve(*variant_points(summaries, reference, labels, "training_flops", seed)[:2])
-            for seed in range(seeds)]
-    return [target if target is not None else fit and fitted_loss_at_largest(fit) for fit in fits]
+    return [target if target is not None else fit and fitted_loss_at_largest(fit)
+            for fit in fits_per_seed(summaries, labels, reference, seeds)]
 
 
 def alpha_range(alphas):
