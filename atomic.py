@@ -13,8 +13,8 @@ from pathlib import Path
 @contextmanager
 def atomic_path(path):
     """Yield a temporary path beside `path` for the caller to fill; on a clean exit it replaces `path`,
-    on an exception (Ctrl-C included) it is removed. For writers that need a name, not a file object
-    (np.memmap); the caller flushes what it wrote before the block ends."""
+    on an exception (Ctrl-C included) it is removed. atomic_file opens it; a writer that needs a name,
+    not a file object, fills it itself and flushes what it wrote before the block ends."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -186,7 +186,8 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def project(self, x):
-        """Return queries, keys and values, each (B, T, n_embd), before the head split."""
+        """Return queries (B, T, n_embd), and keys and values (B, T, kv_dim where learned, else the input's
+        n_embd), before the head split."""
         raise NotImplementedError
 
     def align(self, v, cache):

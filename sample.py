@@ -25,7 +25,8 @@ from runtime import CpuThreads, autocast_context, resolve_device, resolve_dtype,
 
 
 class SampleError(RuntimeError):
-    """A problem with what the user asked for (prompt file, tokenizer metadata, ...)."""
+    """A problem with what the user asked for (device, sampling arguments, prompt, ...); a checkpoint's
+    own problems, its tokenizer metadata among them, are checkpoint.py's CheckpointError."""
 
 
 def check_device(device):
