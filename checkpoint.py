@@ -5,9 +5,13 @@ with its tokenizer (load_model_and_tokenizer: what sample.py, eval_hellaswag.py 
 A checkpoint is a dict of plain data and tensors:
     model_args      GPTConfig fields, the attention variant among them
     model           the model's state_dict (never with torch.compile's "_orig_mod." prefix)
-    optimizer       the optimizer's state_dict (training checkpoints only)
+    optimizer       the optimizer's state_dict (training checkpoints only; an FSDP run's export holds
+                    "sharded" instead, the folder of its shards)
     iter_num, best_val_loss, config, rng, meta (the dataset's meta.json, so the tokenizer travels along)
+    evaluated       whether iter_num's evaluation is done, so that a resume neither skips nor repeats it
+    run_id          kept across resumes: ties the run's summary.json to its checkpoint
     totals          the run's wall time, timed steps and peak memory up to this save (runlog.run_totals)
+    scaler          the GradScaler's state (float16 training only)
 A checkpoint NanoGPT's train.py wrote loads for sampling and scoring too (its model_args are a subset).
 """
 

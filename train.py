@@ -18,9 +18,10 @@ The configuration (configurator.py) works as in NanoGPT: defaults, then config f
 also a function, `train(config) -> summary`, so tests and scripts can run it in-process.
 
 What the run writes to out_dir (rank 0 only):
-    ckpt.pt       model_args, model, optimizer, iter_num, best_val_loss, config, rng, meta, totals; written
-                  atomically, loadable with torch.load(weights_only=True), never with "_orig_mod."
-    log.jsonl     one JSON object per logged iteration and per evaluation (runlog.py)
+    ckpt.pt       model_args, model, optimizer, iter_num, evaluated, best_val_loss, config, rng, meta, totals,
+                  run_id (checkpoint.py); written atomically, loadable with torch.load(weights_only=True),
+                  never with "_orig_mod."
+    log.jsonl     one JSON object per logged iteration, per evaluation and per HellaSwag score (runlog.py)
     summary.json  parameters, FLOPs, final losses, speed, peak memory and wall time of the run (all its
                   processes, when it was resumed)
     train.lock    held while the run lives, so that a second run on the same out_dir stops at once
