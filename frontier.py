@@ -635,8 +635,9 @@ def mixed_setups_note(summaries):
 
 
 def write_report(out_dir, header, plan, budgets, summaries, *, variants, reference, seeds, extra, budget_unit=""):
-    """results.md (a table per size, then the summary and the fit), results.json, loss.png of the
-    largest size's first seed and frontier.png (where matplotlib is installed); returns the markdown.
+    """results.md (a table per size, then the summary and the fit), results.json, and where matplotlib is
+    installed loss.png of the largest size's first seed, frontier.png across sizes and, for a
+    --learning_rates sweep, learning_rates.png; returns the markdown.
     budget_unit names what the budgets count, in the summary's titles."""
     labels, every_run, every_planned = list(budgets), summaries, [run.as_dict() for run in plan]
     lr_section, summaries, plan, best_lr = keep_best_learning_rates(summaries, plan, labels, variants, seeds)

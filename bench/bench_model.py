@@ -69,7 +69,8 @@ def load_nanogpt(nanogpt_dir):
 
 
 def build_models(shape, args, nanogpt):
-    """name -> (model, the model of ours with the same FLOPs), on the device, in training mode."""
+    """name -> model (NanoGPT's first, then standard and the other variants), each from seed 0, on the
+    device, in training mode."""
     config = dict(**shape, vocab_size=args.vocab_size, dropout=0.0, bias=True)
     models = {}
     if nanogpt is not None:

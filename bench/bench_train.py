@@ -24,9 +24,10 @@ price of a longer run. Anything else written --key=value (e.g. --batch_size=2 fo
 not fit) goes to every train.py run, after the config.
 
 The data is a temporary folder of random GPT-2-range token ids. The learning rate is 0: AdamW does
-all its arithmetic as with any other rate, so a step costs the same, but the weights do not move, the
-final evaluation equals the first rather than improving on it, and no checkpoint is written (a 1B
-model's, with its AdamW state, is ~15 GB; it would be removed at once if one were).
+all its arithmetic as with any other rate, so a step costs the same, but the weights do not move and
+the final evaluation equals the first. It still writes a checkpoint (the first evaluation, of weights
+that are never saved, sets no best val loss to beat); a 1B model's, with its AdamW state, is ~15 GB,
+so it is removed as soon as its run ends.
 """
 
 import argparse
@@ -174,7 +175,8 @@ def bench_one(config, parallelism, scratch, args):
 
 
 def remove_checkpoints(out_dir):
-    """None is expected (see the docstring), but one of a 1B model would fill the disk before later runs."""
+    """The run's final evaluation saved one (see the docstring): a 1B model's would fill the disk before
+    later runs."""
     (out_dir / "ckpt.pt").unlink(missing_ok=True)
     shutil.rmtree(out_dir / "ckpt_sharded", ignore_errors=True)
 
