@@ -214,6 +214,7 @@ def read_data_and_checkpoint(c, out_dir, data_dir, ddp, device):
         finally:
             dist.destroy_process_group()  # before the interpreter's shutdown, where gloo's threads would abort it
 
+
 def choose_device(c, ddp, local_rank):
     """(device, dtype) of this process (resolve_config has checked both): under torchrun each process
     takes its local rank's GPU."""
@@ -687,7 +688,6 @@ def run_hellaswag(run):
         run.raw_model.train()
     run.log.write({"type": "hellaswag", "iter": run.iter_num, **result, "elapsed_s": run.wall_time()})
     run.say(f"iter {run.iter_num}: hellaswag {eval_hellaswag.accuracies_line(result)}")
-
 
 
 def log_step(run, loss, lr, dt):
