@@ -195,7 +195,8 @@ def print_table(results):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="cuda, cpu, or auto")
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on a GPU, fp32 on CPU")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                        help="auto: bf16 on a GPU that has it, else fp16; fp32 on CPU")
     parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("1x3072,12x256,24x128"),
                         help="heads x d_k, comma-separated (the first is the ratios' base)")
     parser.add_argument("--batch", type=int, default=4, help="sequences (the 1B configs' micro-batch)")

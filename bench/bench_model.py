@@ -174,7 +174,8 @@ def describe_machine(args, peak, peak_source):
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto")
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on a GPU, fp32 on CPU")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                        help="auto: bf16 on a GPU that has it, else fp16; fp32 on CPU")
     parser.add_argument("--compile", action="store_true", help="torch.compile each model, as train.py does")
     parser.add_argument("--optimizer", action="store_true", help="time whole training steps: add clipping and AdamW")
     parser.add_argument("--batch_sizes", default="1", help="comma-separated, e.g. 12,16,32")

@@ -59,7 +59,8 @@ def parse_args():
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto")
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on a GPU, fp32 on CPU")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                        help="auto: bf16 on a GPU that has it, else fp16; fp32 on CPU")
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
     parser.add_argument("--profile", action="store_true",
                         help="then trace 32 tokens per variant on the last path timed (compiled with --compile, "
