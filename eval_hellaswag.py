@@ -561,8 +561,12 @@ def find_data_file(data_file, cache_dir, rank=0, launched=False):
             path = download_hellaswag(cache_dir)
         except HellaSwagError as e:  # reach the barrier anyway, so no rank hangs
             failure = e
-    if launched:
-        torch.distributed.barrier()
+    if launched:  # the others wait for it, and learn whether it failed (each would otherwise retry and fail)
+        from distributed import first_on_any_rank, refuse
+
+        failure = first_on_any_rank(failure)
+        if failure is not None:
+            refuse(str, str(failure), error=HellaSwagError)  # said on rank 0 alone
     if failure is not None:
         raise failure
     return path if rank == 0 else download_hellaswag(cache_dir)

@@ -721,6 +721,32 @@ def test_ddp_splits_examples_and_sums_counts(tmp_path, hellaswag_file):
     assert {m: b[m] for m in eh.METRICS} == {m: a[m] for m in eh.METRICS}  # over all examples, not a rank's share
 
 
+@pytest.mark.slow
+def test_a_failed_download_under_torchrun_is_said_once_and_not_retried_by_the_other_ranks(tmp_path):
+    script = tmp_path / "download.py"
+    script.write_text(f"""import os, sys
+sys.path.insert(0, {str(REPO)!r})
+import eval_hellaswag as eh
+
+def download(cache_dir):
+    print(f"rank {{os.environ['RANK']}} downloads", flush=True)
+    raise eh.HellaSwagError("could not download HellaSwag: no network")
+
+eh.download_hellaswag = download
+rank, world_size, device = eh.join_ranks("cpu")
+try:
+    eh.find_data_file(None, "cache", rank, launched=True)
+except eh.HellaSwagError as e:
+    print(f"rank {{rank}}: {{e}}", flush=True)
+    sys.exit(1)
+""")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert proc.returncode != 0
+    assert re.findall(r"rank \d.*", proc.stdout) == ["rank 0 downloads", "rank 0: could not download HellaSwag: no network"]
+
+
 @needs_bpe
 def test_gpt2_bpe_tokenization_of_endings(hellaswag_file):
     from tokenizer import GPT2Tokenizer, gpt2_encoding
