@@ -39,6 +39,9 @@ def test_fast_encoding_matches_the_tokenizer():
     many = "".join(chr(0x4E00 + i) for i in range(300))  # more characters than one byte can number
     tok = CharTokenizer(many)
     assert P.encode(many, tok).tolist() == tok.encode(many) == list(range(300))
+    latin = "caf\u00e9 \u00ff \u0100"  # U+0100 is the first character that no byte value holds
+    tok = CharTokenizer("".join(sorted(set(latin))))
+    assert P.encode(latin, tok).tolist() == tok.encode(latin)
 
 
 def test_more_characters_than_uint16_ids_can_number_are_refused(tmp_path):
@@ -46,6 +49,14 @@ def test_more_characters_than_uint16_ids_can_number_are_refused(tmp_path):
     with pytest.raises(P.PrepareError, match="65537 distinct characters do not fit in uint16"):
         P.prepare(text, tmp_path / "out", "test")
     assert not (tmp_path / "out").exists()
+
+
+def test_as_many_characters_as_uint16_ids_can_number_are_prepared(tmp_path):
+    text = "".join(chr(0x10000 + i) for i in range(65536))  # ids 0..65535, the last one 0xFFFF
+    meta = P.prepare(text, tmp_path, "test")
+    assert meta["vocab_size"] == 65536
+    ids = np.concatenate([np.fromfile(tmp_path / f"{split}.bin", dtype=np.uint16) for split in ("train", "val")])
+    assert ids.tolist() == list(range(65536))
 
 
 def test_stdlib_corpus_is_offline_ascii_python():
@@ -60,7 +71,7 @@ def test_stdlib_corpus_is_offline_ascii_python():
 
 
 def test_stdlib_corpus_is_every_nonempty_ascii_file_separated_by_a_blank_line(tmp_path):
-    files = {"a.py": "import os\n", "pkg/b.py": "x = 1\r\ny = 2\n", "pkg/__init__.py": "",
+    files = {"a.py": "import os\n", "pkg/b.py": "x = 1\r\ny = 2\n", "pkg/__init__.py": "", "pkg/blank.py": " \n\n",
              "site-packages/c.py": "import numpy\n", "d.py": "s = 'café'\n", "e.txt": "not python\n"}
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

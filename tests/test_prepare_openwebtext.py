@@ -144,6 +144,16 @@ def test_max_docs_uses_the_first_documents(tmp_path):
 
 
 @needs_bpe
+def test_meta_json_records_the_options_the_split_was_made_with(tmp_path):
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": doc} for doc in make_documents(12)])
+    prepare(str(source), tmp_path / "out", val_fraction=0.25, seed=7, max_docs=10)
+    meta = read_meta(tmp_path / "out")
+    assert {key: meta[key] for key in ("val_fraction", "seed", "max_docs", "max_tokens", "streaming")} == \
+        {"val_fraction": 0.25, "seed": 7, "max_docs": 10, "max_tokens": None, "streaming": False}
+    assert meta["documents"] == {"train": 7, "val": 3}  # ceil(0.25 * 10) of the first 10 documents in val
+
+
+@needs_bpe
 def test_a_single_text_file_is_cut_into_documents_at_blank_lines(tmp_path):
     documents = make_documents(12)
     paragraphs = [doc.replace("\n\n", "\n").strip() for doc in documents]  # no blank line inside one
