@@ -1,4 +1,5 @@
-"""The README and docs/ stay navigable: every relative link resolves, and the README stays short."""
+"""The README and docs/ stay navigable and true to the scripts: every relative link resolves, every option
+the commands there give is one the script takes, and the README stays short."""
 import re
 from pathlib import Path
 
@@ -94,3 +95,34 @@ def test_docs_folder_has_the_moved_pages():
 def test_readme_is_short():
     n = len((REPO / "README.md").read_text(encoding="utf-8").splitlines())
     assert n < README_MAX_LINES, f"README.md has {n} lines; keep it under {README_MAX_LINES} and move detail to docs/"
+
+
+# `python X.py ... --opt` (or torchrun ... X.py --opt) in the README and docs/, in code blocks and inline code
+COMMAND = re.compile(r"(?:python|torchrun)\b[^`]*?\b((?:bench/)?\w+\.py)\b([^`|;&#]*)")
+TORCHRUN_OPTIONS = {"standalone", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port"}
+
+
+def script_options(script):
+    """The --options a script's argparse parser declares, read from its source (no import, no torch);
+    sample.py and eval_hellaswag.py take checkpoint.py's add_model_arguments too."""
+    sources = [REPO / script] + [REPO / "checkpoint.py"] * ("add_model_arguments(" in (REPO / script).read_text())
+    names = {n for path in sources for n in re.findall(r"add_argument\(\s*[\"']--([\w-]+)", path.read_text())}
+    return names | {f"no-{n}" for n in names} | {"help"}  # --no-x: argparse's BooleanOptionalAction
+
+
+def test_documented_command_options_exist():
+    from configurator import DEFAULT_CONFIG
+
+    passes_config_keys = {"train.py", "compare.py", "bench/bench_train.py"}  # --key=value goes on to train.py
+    unknown = []
+    for page in PAGES:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for script, rest in COMMAND.findall(line):
+                if not (REPO / script).is_file():
+                    continue  # a test file or another repository's script
+                known = script_options(script) | (set(DEFAULT_CONFIG) if script in passes_config_keys else set())
+                known |= TORCHRUN_OPTIONS if script == "train.py" else set()
+                rest = re.sub(r"\"[^\"]*\"|'[^']*'", "", rest)  # quoted values: --launcher="torchrun --standalone"
+                unknown += [f"{page.relative_to(REPO)}:{number}: {script} --{option}"
+                            for option in re.findall(r"(?<![\w-])--([\w-]+)", rest) if option not in known]
+    assert not unknown, "options the docs give that the scripts do not take:\n" + "\n".join(unknown)
