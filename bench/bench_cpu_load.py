@@ -32,7 +32,9 @@ NANOGPT_ARGS = ("config/train_shakespeare_char.py --device=cpu --compile=False -
 
 def command(program, folder, iters, out_dir):
     if program == "nanogpt":
-        args = f"{NANOGPT_ARGS} --max_iters={iters} --lr_decay_iters={iters} --eval_interval={iters}"
+        # NanoGPT's loop trains iterations 0 to max_iters, one more than max_iters, and evaluates before
+        # each step at a multiple of eval_interval: iters steps and two evaluations, as ours
+        args = f"{NANOGPT_ARGS} --max_iters={iters - 1} --lr_decay_iters={iters} --eval_interval={iters - 1}"
     else:
         args = (f"config/train_shakespeare_char_cpu.py --max_iters={iters} --lr_decay_iters={iters} "
                 f"--eval_interval={iters} --data_dir={REPO / 'data' / 'shakespeare_char'}")

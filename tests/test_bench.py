@@ -722,6 +722,25 @@ def test_bench_cpu_load_reports_medians_and_busy_over_idle(tmp_path, monkeypatch
     assert [list(r.values()) for r in rows] == [["this repo", "12.0", "30.0", "2.50"]]
 
 
+def test_bench_cpu_load_trains_nanogpt_for_as_many_steps_and_evaluations_as_ours(tmp_path):
+    def settings(argv):
+        given = dict(arg[2:].split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
+        return int(given["max_iters"]), int(given["eval_interval"])  # the last value given wins, as in both
+
+    def nanogpt_loop(max_iters, eval_interval):
+        # NanoGPT's train.py: evaluate if iter_num % eval_interval == 0, step, iter_num += 1, stop once past max_iters
+        iterations = range(max_iters + 1)
+        return len(iterations), sum(i % eval_interval == 0 for i in iterations)
+
+    def our_loop(max_iters, eval_interval):
+        # train.py's train_loop: evaluate at each multiple of eval_interval and at max_iters, step up to max_iters
+        return max_iters, sum(i % eval_interval == 0 or i == max_iters for i in range(max_iters + 1))
+
+    ours, _ = bench_cpu_load.command("ours", REPO, 300, tmp_path)
+    nanogpt, _ = bench_cpu_load.command("nanogpt", tmp_path, 300, tmp_path)
+    assert our_loop(*settings(ours)) == nanogpt_loop(*settings(nanogpt)) == (300, 2)
+
+
 @pytest.mark.parametrize("flag, message", [
     ("--nanogpt_dir", "no train.py and data/shakespeare_char/prepare.py there"),
     ("--baseline_dir", "no config/train_shakespeare_char_cpu.py there"),
