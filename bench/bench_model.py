@@ -7,13 +7,18 @@ tokens/s and MFU, at one or several batch sizes; optionally against NanoGPT's ow
         --vocab_size=50304 --nanogpt_dir=../nanoGPT --repeats=30
 
 A step is a forward and backward pass on random tokens, plus with --optimizer gradient clipping and
-a fused AdamW step: a whole training step, as train.py runs it. Timings are taken round-robin (one
+a fused AdamW step: a whole training step, as train.py runs it in bf16 or fp32 (in fp16 train.py also
+runs a GradScaler, which this step leaves out). Timings are taken round-robin (one
 step of each model in turn), so a change in machine load hits all of them alike and the ratios stay
 fair; the median step is reported. MFU is against the GPU's dense bf16 peak (runtime.py) on a known
 GPU, else against a matmul peak measured here, in the dtype of the run.
 
 --nanogpt_dir adds NanoGPT's model.py (standard attention, its own code) as the first row, built
-with the same shape, dtype, compile setting and optimizer, so "ours vs NanoGPT" is one column.
+with the same shape, vocabulary, dropout (0) and biases, and run with the same dtype and compile
+setting and its own configure_optimizers (fused AdamW on CUDA, as ours; on a CPU NanoGPT's is not
+fused, ours is), so "ours vs NanoGPT" is one column. Its parameters, FLOPs and so its MFU are
+standard's count (NanoGPT's own 6N + 12 L d T, which counts its biases and norm gains too, is
+0.1 % above it at both shapes here).
 
 --profile then traces 3 steps of each model and prints, per batch size, where the step's time goes:
 the kernels that take the most time (on a CPU the operators and compiled graphs, by their own

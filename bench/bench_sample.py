@@ -7,6 +7,9 @@ random weights, batch 1, a prompt of a few tokens.
     python bench/bench_sample.py --sizes small --max_new_tokens 64   # a quick look
     python bench/bench_sample.py --device cuda --compile --sizes 124M --repeats 3   # the GPU table
 
+tokens/s is the new tokens (--max_new_tokens; the prompt's are not counted) over the whole generate
+call, which includes the prompt's forward pass that yields the first new token.
+
 It is a benchmark, not a test: numbers depend on the machine and on whatever else is running.
 Each measurement is the best of --repeats runs, after one untimed run of the same length (which
 compiles, with --compile); the best damps noise from other processes sharing the CPU.

@@ -11,10 +11,11 @@ Each (config, parallelism) is one train.py process: 'plain' is `python train.py 
 `python train.py --standalone --nproc_per_node=1 CONFIG --parallelism=fsdp` (train.py's own torchrun
 launcher, one process; FSDP2 shards over that one process, so this measures its overhead and its
 memory, not any communication), 'ddp' the same launcher with the DDP wrapper. Every run trains
---iters iterations, logs each one, and evaluates on one batch only; tokens/s is the mean over the
-iterations after the first --warmup_steps (which pay for torch.compile), MFU is what train.py logs
-(the model's own FLOP count over the GPU's dense bf16 peak, runtime.py; '-' where it logs none, as
-on a CPU), at that mean step time. A run that fails (e.g. out of GPU memory) gets its last error
+--iters iterations, logs each one, and evaluates on one batch only; tokens/s is an iteration's
+tokens over the mean time of the iterations after the first --warmup_steps (which pay for
+torch.compile), i.e. their tokens over their time, not a mean of per-step rates; MFU is what
+train.py logs (the model's own FLOP count over the GPU's dense bf16 peak, runtime.py; '-' where it
+logs none, as on a CPU), at that mean step time. A run that fails (e.g. out of GPU memory) gets its last error
 line in its row, and the next run goes on.
 
 --gradient_accumulation_steps is 1 by default: an iteration is then one micro-batch and one AdamW
