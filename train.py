@@ -170,6 +170,9 @@ def train(config, verbose=True):
         try:
             if ddp:
                 distributed.stop_if_any_rank_failed(None)  # a rank on another node may not see out_dir or the data
+            # rank 0 creates out_dir and holds its lock until the run or its process ends; all ranks stop if it
+            # is taken, before a word of this run's is printed
+            run.out_dir_lock = distributed.claim_out_dir(run.out_dir, run.ddp)
             announce(run, n_tokens)
             build_run(run, checkpoint)
             checkpoint = None  # its weights and AdamW moments are copied in: free them for the whole run
@@ -264,8 +267,6 @@ def announce(run, n_tokens):
             f"train / {n_tokens['val']:,} val tokens ({run.meta['tokenizer']}, vocab {run.meta['vocab_size']})")
     for note in config_notes(run):
         run.say(f"note: {note}")
-    # rank 0 creates out_dir and holds its lock until the run or its process ends; all ranks stop if it is taken
-    run.out_dir_lock = distributed.claim_out_dir(run.out_dir, run.ddp)
     if run.master:
         for stale in run.out_dir.glob(CHECKPOINT_NAME + ".*.tmp"):  # left by a crash while saving
             stale.unlink(missing_ok=True)

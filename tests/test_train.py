@@ -703,9 +703,10 @@ def test_a_second_run_on_a_live_out_dir_stops_with_the_holders_pid(tmp_path, dat
 
     with held_out_dir(tmp_path / "out") as pid:
         assert T.main([f"--{k}={v!r}" for k, v in tiny(tmp_path, data_dir).items()]) == 1
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
         assert err == (f"error: {tmp_path / 'out'} is in use by another training run (PID {pid}): wait for it "
                        f"to finish or stop it, or choose another out_dir\n")
+        assert out == ""  # not this run's config and notes first, as if it were starting
         assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.lock"]
     lock_out_dir(tmp_path / "out").close()  # the kernel released the dead holder's lock
 
