@@ -48,9 +48,11 @@ SHAPES = {
 }
 
 
-def measure_matmul_peak(device, dtype, n=2048, repeats=10):
+def measure_matmul_peak(device, dtype, n=None, repeats=10):
     """FLOP/s of a large square matmul, its fastest of `repeats` after one untimed: the practical
     ceiling where no datasheet peak applies (a mean would count the moments other processes took)."""
+    if n is None:  # on a GPU a 2048-wide product is over too soon to reach the peak
+        n = 8192 if device.startswith("cuda") else 2048
     a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
     b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
     a @ b
