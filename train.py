@@ -78,6 +78,7 @@ class Run:
     last_losses: dict = field(default_factory=lambda: {"train": None, "val": None})
     last_eval_iter: int = None  # the iteration of last_losses
     step_times: list = field(default_factory=list)  # this process's
+    logged_steps: int = 0  # len(step_times) at the last train record
     earlier_processes: dict = field(default_factory=lambda: dict(NO_EARLIER_PROCESS))  # runlog.run_totals
     stop_reason: str = "max_iters"
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # kept across resumes: ties a summary to its checkpoint
@@ -480,13 +481,18 @@ def train_loop(run, signals, threads):
         if c["eval_only"]:
             evaluate(run)
             run.stop_reason = "eval_only"
+        unread = []  # (iteration, loss on the device) of the steps whose loss is not read back yet
         while not c["eval_only"]:
             # a resume does not repeat the evaluation its checkpoint was written after; a signal's
             # checkpoint comes before its iteration's evaluation, so that one still runs
             resumed_here = run.iter_num == run.start_iter and run.evaluated_at_start
-            if (run.iter_num % c["eval_interval"] == 0 or run.iter_num >= c["max_iters"]) and not resumed_here:
+            evaluates = (run.iter_num % c["eval_interval"] == 0 or run.iter_num >= c["max_iters"]) and not resumed_here
+            scores = run.hellaswag and run.iter_num % c["hellaswag_interval"] == 0 and run.iter_num > 0 and not resumed_here
+            if evaluates or scores:
+                read_losses(run, unread)  # no evaluation or save after a non-finite training loss
+            if evaluates:
                 evaluate(run)
-            if run.hellaswag and run.iter_num % c["hellaswag_interval"] == 0 and run.iter_num > 0 and not resumed_here:
+            if scores:
                 run_hellaswag(run)
             if run.iter_num >= c["max_iters"]:
                 break
@@ -495,8 +501,14 @@ def train_loop(run, signals, threads):
             for group in run.optimizer.param_groups:
                 group["lr"] = lr
             loss, stop = forward_backward(run, signals)
-            if not math.isfinite(loss):
-                raise diverged(run, f"the training loss became {loss}")
+            unread.append((run.iter_num, loss))
+            logs = (run.iter_num + 1) % c["log_interval"] == 0 or run.iter_num + 1 == c["max_iters"]
+            # On a GPU a read waits for every kernel queued before it, so that the CPU could not queue the next
+            # step while the GPU runs this one: the losses are read at log steps (before their step is taken,
+            # as ever), on a signal, before an evaluation, and at every step under DDP, which reads its stop
+            # flag there anyway. A non-finite loss between them stops the run at the next, naming its iteration.
+            if logs or stop or run.ddp:
+                loss = read_losses(run, unread)
             if c["grad_clip"]:
                 run.scaler.unscale_(run.optimizer)
                 torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), c["grad_clip"])
@@ -505,8 +517,8 @@ def train_loop(run, signals, threads):
             run.optimizer.zero_grad(set_to_none=True)
             run.iter_num += 1
             run.step_times.append(time.time() - t0)
-            if run.iter_num % c["log_interval"] == 0 or run.iter_num == c["max_iters"]:
-                log_step(run, loss, lr, run.step_times[-1])
+            if logs:
+                log_step(run, loss, lr)
             if stop:
                 stop_on_signal(run, signals)
                 break
@@ -531,9 +543,27 @@ def stop_on_signal(run, signals):
     save(run, run.stop_reason, evaluated=False)  # the next iteration's evaluation is to come
 
 
+def read_losses(run, unread):
+    """Read the losses of the steps in `unread` (iteration, loss) back to the host, all at once, and empty
+    it; returns the last one (None if none), or stops at the first that is not finite, as of its iteration:
+    the steps after it, on its non-finite gradients, are not counted, and nothing is saved after them."""
+    if not unread:
+        return None
+    iterations, losses = zip(*unread)
+    unread.clear()
+    if torch.is_tensor(losses[0]):  # on the device (one process): one read for them all; under DDP, floats
+        losses = torch.stack(losses).tolist()
+    for it, loss in zip(iterations, losses):
+        if not math.isfinite(loss):
+            run.iter_num = it
+            raise diverged(run, f"the training loss became {loss}")
+    return losses[-1]
+
+
 def forward_backward(run, signals):
-    """This rank's micro-batches of one iteration, gradients accumulated; returns (the mean loss
-    over all ranks, whether any rank was signalled to stop)."""
+    """This rank's micro-batches of one iteration, gradients accumulated; returns (the mean loss over all
+    ranks, whether any rank was signalled to stop). The loss stays on the device in one process; under DDP
+    the stop flag is agreed on by a collective and read back, the mean loss with it, as a float."""
     accum = run.accum
     offsets = run.train_batches.offsets(run.c["gradient_accumulation_steps"], run.generator)
     offsets = offsets[run.rank * accum:(run.rank + 1) * accum]  # this rank's share
@@ -546,12 +576,15 @@ def forward_backward(run, signals):
                 _, loss = run.model(x, y)
             loss_sum += loss.detach().float()
             run.scaler.scale(loss / accum).backward()
-    # one small collective per step: the mean loss over all ranks, and whether any rank was signalled
-    flags = torch.stack([loss_sum / accum, torch.tensor(float(signals.received is not None or run.stdout_closed),
-                                                         device=run.device)])
-    if run.ddp:
-        dist.all_reduce(flags)
-        flags[0] /= run.world_size
+    stop = signals.received is not None or run.stdout_closed
+    if not run.ddp:
+        return loss_sum / accum, stop
+    # one small collective per step: the mean loss over all ranks, and whether any rank was signalled. Its
+    # read is the one host read of every step under DDP: all ranks stop after the same step, the one a signal
+    # came in (full_like fills on the device, where torch.tensor would copy from the host and wait too)
+    flags = torch.stack([loss_sum / accum, torch.full_like(loss_sum, float(stop))])
+    dist.all_reduce(flags)
+    flags[0] /= run.world_size
     loss, stop = flags.tolist()
     return loss, bool(stop)
 
@@ -691,7 +724,12 @@ def run_hellaswag(run):
     run.say(f"iter {run.iter_num}: hellaswag {eval_hellaswag.accuracies_line(result)}")
 
 
-def log_step(run, loss, lr, dt):
+def log_step(run, loss, lr):
+    # the mean step time since the last train record: a step that reads nothing back is timed as the CPU
+    # queues it on a GPU, and the log step, which reads the loss, waits for the ones before it as well
+    timed = run.step_times[run.logged_steps:]
+    run.logged_steps = len(run.step_times)
+    dt = sum(timed) / len(timed)
     mfu = None if run.peak is None else run.raw_model.estimate_mfu(run.c["batch_size"] * run.accum, dt, run.peak)
     tokens_per_s = run.tokens_per_iter / dt
     run.say(f"iter {run.iter_num}: loss {loss:.4f}, lr {lr:.2e}, {dt * 1000:.2f} ms/iter, "

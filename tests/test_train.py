@@ -782,6 +782,87 @@ def test_run_writes_checkpoint_log_and_summary(tmp_path, data_dir):
     assert summary["mean_ms_per_iter"] == pytest.approx(sum(after_the_first) / len(after_the_first), rel=1e-9)
 
 
+# what reads a tensor's values back to the host, where a GPU holds them, which waits for every kernel queued before
+# it: the aten operators every .item(), float(t), bool(t) and `if t:` ends in, and those that size their output by
+# the values (a boolean-mask index); and the Tensor methods that read on the CPU without an operator a profiler sees
+HOST_READ_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::equal")
+HOST_READ_METHODS = ("tolist", "cpu", "numpy")
+
+
+def host_reads(monkeypatch, config, first, last):
+    """{what: count} of the host reads of iterations first to last - 1 of T.train(config): the HOST_READ_OPS the
+    profiler sees from get_lr of `first` to get_lr of `last`, and the HOST_READ_METHODS called meanwhile, as
+    "file:function: method"."""
+    profiler, reads, real_get_lr = torch.profiler.profile(), {}, T.get_lr
+    profiling = False
+
+    def count(what):
+        reads[what] = reads.get(what, 0) + 1
+
+    def get_lr(it, c):
+        nonlocal profiling
+        if it == first:
+            profiler.start()
+            profiling = True
+        elif it == last:
+            profiler.stop()
+            profiling = False
+            for event in profiler.events():
+                parents, parent = [], event.cpu_parent
+                while parent is not None:
+                    parents.append(parent.name)
+                    parent = parent.cpu_parent
+                # the fused AdamW's CPU kernel reads its step counters, which live on the CPU; on a GPU they
+                # are GPU tensors its kernel reads there
+                if event.name in HOST_READ_OPS and "aten::_fused_adamw_" not in parents:
+                    count(event.name)
+        return real_get_lr(it, c)
+
+    def watched(name):
+        real = getattr(torch.Tensor, name)
+
+        def method(self, *args, **kwargs):
+            if profiling:
+                caller = sys._getframe(1).f_code
+                count(f"{os.path.basename(caller.co_filename)}:{caller.co_name}: {name}")
+            return real(self, *args, **kwargs)
+        return method
+
+    monkeypatch.setattr(T, "get_lr", get_lr)
+    for name in HOST_READ_METHODS:
+        monkeypatch.setattr(torch.Tensor, name, watched(name))
+    T.train(config, verbose=False)
+    assert not profiling and profiler.profiler is not None  # both get_lr calls came
+    return reads
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+@pytest.mark.parametrize("accumulation, grad_clip", [(1, 1.0), (3, 0.0)])
+def test_iterations_that_neither_log_nor_evaluate_read_nothing_back_to_the_host(attention, accumulation, grad_clip,
+                                                                                  tmp_path, data_dir, monkeypatch):
+    """NanoGPT's loop reads the loss only at its log steps: on a GPU a read (.item(), .tolist(), a tensor's truth
+    value) waits for every queued kernel, so the CPU could no longer queue the next step while the GPU runs this
+    one. Iterations 3 to 8 of 12 here neither log (log_interval=10) nor evaluate (eval_interval=100)."""
+    config = tiny(tmp_path, data_dir, attention=attention, gradient_accumulation_steps=accumulation,
+                  grad_clip=grad_clip, max_iters=12, lr_decay_iters=12, log_interval=10, eval_interval=100)
+    reads = host_reads(monkeypatch, config, 3, 9)
+    # the batch offsets, drawn by a CPU generator, are host memory on every device
+    assert reads.pop("data.py:get: tolist") == 6 * accumulation
+    assert reads == {}
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_under_torchrun_each_iteration_reads_back_its_stop_flag_alone(parallelism, tmp_path, data_dir, monkeypatch,
+                                                                      one_process_group):
+    """All ranks must stop after the step a signal came in (docs/training.md): the flag is all-reduced and read
+    at every step, the mean loss with it (and checked at once, as it is on the host anyway); nothing else."""
+    config = tiny(tmp_path, data_dir, parallelism=parallelism, max_iters=12, lr_decay_iters=12, log_interval=10,
+                  eval_interval=100)
+    reads = host_reads(monkeypatch, config, 3, 9)
+    reads.pop("data.py:get: tolist")
+    assert reads == {"train.py:forward_backward: tolist": 6}
+
+
 @pytest.mark.parametrize("dtype, scaled", [("float32", False), ("bfloat16", False), ("float16", True)])
 def test_the_loss_is_scaled_under_float16_only(dtype, scaled, tmp_path, data_dir, monkeypatch):
     """float16's gradients underflow unless the loss is scaled up; bfloat16 has float32's exponent range,
@@ -1415,7 +1496,11 @@ def test_stale_temporary_checkpoints_are_cleaned(tmp_path, data_dir):
     assert not stale.exists()
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data_dir, monkeypatch):
+# read at iteration 6 (before its step), at the log step 7 (before its step), at the evaluation at 8
+@pytest.mark.parametrize("log_interval, steps_taken", [(1, 6), (8, 7), (100, 8)])
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(log_interval, steps_taken, tmp_path, data_dir, monkeypatch):
+    """The losses are read back at log steps and before evaluations only: the error and the summary name the
+    iteration of the first non-finite one, and nothing is saved after it, whenever it is read."""
     real_forward = GPT.forward
     calls = {"train": 0}
 
@@ -1428,14 +1513,15 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data_dir, monke
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", forward)
-    config = tiny(tmp_path, data_dir, max_iters=20, eval_interval=4)
-    with pytest.raises(T.NonFiniteLossError, match="at iteration 6"):
+    config = tiny(tmp_path, data_dir, max_iters=20, eval_interval=4, log_interval=log_interval)
+    with pytest.raises(T.NonFiniteLossError, match="training loss became nan at iteration 6"):
         T.train(config, verbose=False)
     ckpt = load_checkpoint(tmp_path / "out")
     assert ckpt["iter_num"] == 4  # the last evaluation before the NaN
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["stop_reason"] == "diverged" and summary["iterations"] == 6
+    assert summary["iterations_this_run"] == steps_taken  # the steps after 6 are not the run's
     assert summary["final_val_loss"] is None and summary["best_val_loss"] is not None
 
 
