@@ -556,6 +556,7 @@ def read_losses(run, unread):
     for it, loss in zip(iterations, losses):
         if not math.isfinite(loss):
             run.iter_num = it
+            del run.step_times[it - run.start_iter:]  # iterations_this_run counts them
             raise diverged(run, f"the training loss became {loss}")
     return losses[-1]
 
@@ -727,7 +728,8 @@ def run_hellaswag(run):
 def log_step(run, loss, lr):
     # the mean step time since the last train record: a step that reads nothing back is timed as the CPU
     # queues it on a GPU, and the log step, which reads the loss, waits for the ones before it as well
-    timed = run.step_times[run.logged_steps:]
+    # (not the run's first step, which compiles, unless it is the only one, as in summary.json's mean)
+    timed = run.step_times[max(run.logged_steps, 1):] or run.step_times[-1:]
     run.logged_steps = len(run.step_times)
     dt = sum(timed) / len(timed)
     mfu = None if run.peak is None else run.raw_model.estimate_mfu(run.c["batch_size"] * run.accum, dt, run.peak)
