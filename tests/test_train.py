@@ -782,6 +782,14 @@ def test_run_writes_checkpoint_log_and_summary(tmp_path, data_dir):
     assert summary["mean_ms_per_iter"] == pytest.approx(sum(after_the_first) / len(after_the_first), rel=1e-9)
 
 
+def test_a_train_record_times_every_step_since_the_last_but_the_runs_first(tmp_path, data_dir):
+    """With log_interval=3 the records at iterations 3 and 6 time steps 2-3 and 4-6 (the first step pays for
+    warm-up or compile), so the summary's mean over steps 2-6 is their step-weighted mean."""
+    summary = T.train(tiny(tmp_path, data_dir, max_iters=6, log_interval=3, eval_interval=100), verbose=False)
+    first, second = [r["ms_per_iter"] for r in read_log(tmp_path / "out") if r["type"] == "train"]
+    assert summary["mean_ms_per_iter"] == pytest.approx((2 * first + 3 * second) / 5, rel=1e-9)
+
+
 # what reads a tensor's values back to the host, where a GPU holds them, which waits for every kernel queued before
 # it: the aten operators every .item(), float(t), bool(t) and `if t:` ends in, and those that size their output by
 # the values (a boolean-mask index); and the Tensor methods that read on the CPU without an operator a profiler sees
