@@ -168,6 +168,32 @@ def test_compiled_training_matches_eager(attention, no_tf32):
     assert compiled == pytest.approx(eager, rel=1e-4)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_training_iterations_that_neither_log_nor_evaluate_never_wait_for_the_gpu(dtype, tmp_path, monkeypatch):
+    """The host queues the next step while the GPU runs this one, as NanoGPT's loop does between its log steps:
+    CUDA's sync debug mode raises at any call that waits for the GPU, over iterations 3 to 8 of 12 (log_interval
+    10, no evaluation among them), with gradient clipping and, in float16, the GradScaler."""
+    import train
+
+    data_dir = tmp_path / "data"
+    prepare("".join(f"line {i % 17}: to be or not to be.\n" for i in range(3000)), data_dir, "test text")
+    real_get_lr = train.get_lr
+
+    def get_lr(it, c):  # called at the start of each iteration's step
+        torch.cuda.set_sync_debug_mode("error" if 3 <= it < 9 else "default")
+        return real_get_lr(it, c)
+
+    monkeypatch.setattr(train, "get_lr", get_lr)
+    try:
+        summary = train.train(dict(data_dir=str(data_dir), out_dir=str(tmp_path / "out"), device="cuda", dtype=dtype,
+                                   compile=False, n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4,
+                                   max_iters=12, lr_decay_iters=12, warmup_iters=2, eval_interval=100, eval_iters=2,
+                                   log_interval=10, grad_clip=1.0), verbose=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert summary["iterations"] == 12
+
+
 @pytest.mark.slow
 def test_a_head_wider_than_flash_attention_takes_trains_by_matmuls(no_tf32):
     """One head of 320 (the 1B config's is 3072) goes through model.attention_by_matmuls, not SDPA, whose
