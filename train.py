@@ -52,6 +52,11 @@ from runtime import (CpuThreads, StopSignals, autocast_context, peak_flops, reso
                      is_rank_zero, run_script, silence_stdout)
 
 
+# the most training losses left on the device unread: with logging and evaluation far apart, the steps
+# between them still read theirs back now and then, so that the unread ones never fill the GPU's memory
+MAX_UNREAD_LOSSES = 1000
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss or the weights became NaN or inf; the last good checkpoint is left as it was."""
 
@@ -507,7 +512,7 @@ def train_loop(run, signals, threads):
             # step while the GPU runs this one: the losses are read at log steps (before their step is taken,
             # as ever), on a signal, before an evaluation, and at every step under DDP, which reads its stop
             # flag there anyway. A non-finite loss between them stops the run at the next, naming its iteration.
-            if logs or stop or run.ddp:
+            if logs or stop or run.ddp or len(unread) >= MAX_UNREAD_LOSSES:
                 loss = read_losses(run, unread)
             if c["grad_clip"]:
                 run.scaler.unscale_(run.optimizer)

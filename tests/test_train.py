@@ -859,6 +859,16 @@ def test_iterations_that_neither_log_nor_evaluate_read_nothing_back_to_the_host(
     assert reads == {}
 
 
+def test_losses_left_unread_are_read_back_once_there_are_max_unread_losses(tmp_path, data_dir, monkeypatch):
+    """With log_interval and eval_interval far apart the unread losses would pile up on the device: at
+    MAX_UNREAD_LOSSES = 2, iterations 3 to 8 read theirs three times, two losses at a time."""
+    monkeypatch.setattr(T, "MAX_UNREAD_LOSSES", 2)
+    config = tiny(tmp_path, data_dir, max_iters=12, lr_decay_iters=12, log_interval=10, eval_interval=100)
+    reads = host_reads(monkeypatch, config, 3, 9)
+    reads.pop("data.py:get: tolist")
+    assert reads == {"train.py:read_losses: tolist": 3}
+
+
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_under_torchrun_each_iteration_reads_back_its_stop_flag_alone(parallelism, tmp_path, data_dir, monkeypatch,
                                                                       one_process_group):
