@@ -510,8 +510,9 @@ def train_loop(run, signals, threads):
             logs = (run.iter_num + 1) % c["log_interval"] == 0 or run.iter_num + 1 == c["max_iters"]
             # On a GPU a read waits for every kernel queued before it, so that the CPU could not queue the next
             # step while the GPU runs this one: the losses are read at log steps (before their step is taken,
-            # as ever), on a signal, before an evaluation, and at every step under DDP, which reads its stop
-            # flag there anyway. A non-finite loss between them stops the run at the next, naming its iteration.
+            # as ever), on a signal, before an evaluation, at every step under DDP, which reads its stop flag
+            # there anyway, and when enough are unread. A non-finite loss between reads stops the run at the
+            # next, naming its iteration.
             if logs or stop or run.ddp or len(unread) >= MAX_UNREAD_LOSSES:
                 loss = read_losses(run, unread)
             if c["grad_clip"]:
