@@ -129,28 +129,53 @@ def test_an_atomic_file_reaches_the_disk_before_it_replaces_the_old_one(tmp_path
     real_fsync, real_replace = os.fsync, os.replace
 
     def fsync(fd):
-        calls.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        info = os.fstat(fd)  # a file's size: what Python buffered is written to it before its fsync
+        calls.append("fsync folder" if stat.S_ISDIR(info.st_mode) else f"fsync file of {info.st_size} bytes")
         real_fsync(fd)
 
     monkeypatch.setattr(atomic.os, "fsync", fsync)
     monkeypatch.setattr(atomic.os, "replace", lambda a, b: (calls.append("replace"), real_replace(a, b))[1])
     write_text_atomic(tmp_path / "summary.json", "{}")
-    expected = ["fsync file", "replace", "fsync folder"] if os.name == "posix" else ["fsync file", "replace"]
+    expected = ["fsync file of 2 bytes", "replace"] + ["fsync folder"] * (os.name == "posix")
     assert calls == expected and (tmp_path / "summary.json").read_text() == "{}"
 
 
-def test_a_folder_that_cannot_be_fsynced_still_takes_the_file(tmp_path, monkeypatch):
-    """Some mounts refuse fsync on a folder (EINVAL): the rename is done, and the write is not an error."""
-    real_fsync = os.fsync
+@pytest.mark.parametrize("refused", ["fsync", "open"])
+def test_a_folder_that_cannot_be_fsynced_still_takes_the_file(refused, tmp_path, monkeypatch):
+    """Some mounts refuse fsync on a folder (EINVAL), and a folder without read permission cannot be opened
+    (EACCES): the rename is done, and the write is not an error."""
+    real_fsync, real_open = os.fsync, os.open
 
     def fsync(fd):
         if stat.S_ISDIR(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "Invalid argument")
         real_fsync(fd)
 
-    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    def open_(path, flags, *args, **kwargs):
+        if os.path.isdir(path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(atomic.os, refused, fsync if refused == "fsync" else open_)
     write_text_atomic(tmp_path / "summary.json", "{}")
     assert (tmp_path / "summary.json").read_text() == "{}"
+
+
+def test_each_write_closes_the_folder_it_fsynced(tmp_path, monkeypatch):
+    """A run saves every eval_interval: a folder descriptor left open at each would in the end exhaust the
+    process's limit on open files, and every later save would fail."""
+    opened, closed = [], []
+    real_open, real_close = os.open, os.close
+
+    def open_(*args, **kwargs):
+        opened.append(real_open(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(atomic.os, "open", open_)
+    monkeypatch.setattr(atomic.os, "close", lambda fd: (closed.append(fd), real_close(fd))[1])
+    for text in ("{}", "[]", "{}"):
+        write_text_atomic(tmp_path / "summary.json", text)
+    assert len(opened) == (3 if os.name == "posix" else 0) and closed == opened
 
 
 def test_a_writer_killed_mid_write_leaves_a_file_the_next_writer_removes(tmp_path):
@@ -170,3 +195,26 @@ def test_a_writer_killed_mid_write_leaves_a_file_the_next_writer_removes(tmp_pat
     left = [tmp_path / f"ckpt.pt.{proc.pid}.tmp"]
     assert sorted(tmp_path.iterdir()) == left
     assert atomic.remove_abandoned(target) == left and not any(tmp_path.iterdir())
+
+
+def test_a_temporary_file_of_another_users_writer_is_left_be(tmp_path, monkeypatch):
+    """os.kill(pid, 0) on another user's live process is refused (EPERM), not ProcessLookupError: its
+    writer may still be filling the file, as a gone writer's (ESRCH) cannot."""
+    target = tmp_path / "ckpt.pt"
+    (tmp_path / "ckpt.pt.4242.tmp").write_text("half")
+
+    def kill(pid, sig):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(atomic.os, "kill", kill)
+    assert atomic.remove_abandoned(target) == [] and (tmp_path / "ckpt.pt.4242.tmp").exists()
+
+
+def test_why_a_folder_is_not_writable_names_the_path_the_system_refused(tmp_path):
+    folder = tmp_path / "out"
+    error = PermissionError(errno.EACCES, "Permission denied", str(folder / "ckpt.pt.7.tmp"))
+    assert atomic.why_not_writable(folder, error) == f"Permission denied: {folder / 'ckpt.pt.7.tmp'}"
+    (tmp_path / "a_file").write_text("")
+    error = NotADirectoryError(errno.ENOTDIR, "Not a directory", str(tmp_path / "a_file" / "out"))
+    in_the_way = f"{tmp_path / 'a_file'} is a file, not a folder"
+    assert atomic.why_not_writable(tmp_path / "a_file" / "out", error) == in_the_way

@@ -770,11 +770,19 @@ def test_run_writes_checkpoint_log_and_summary(tmp_path, data_dir):
 
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
+    assert set(summary) == {
+        "run_id", "attention", "model_args", "n_params", "n_params_non_embedding", "attention_params",
+        "flops_per_token", "final_train_loss", "final_val_loss", "final_losses_iter", "best_val_loss", "iterations",
+        "iterations_this_run", "stop_reason", "mean_ms_per_iter", "tokens_per_s", "tokens_per_iter",
+        "peak_memory_bytes", "wall_time_s", "wall_time_this_run_s", "device", "dtype", "world_size", "setups",
+        "compile", "num_threads", "out_dir", "dataset"}
+    assert summary["out_dir"] == str(out) and summary["dataset"] == str(data_dir)
     model = GPT(T.GPTConfig(**ckpt["model_args"]))
     assert summary["n_params"] == model.get_num_params(non_embedding=False)
     assert summary["attention_params"] == model.get_num_attention_params()
     assert summary["flops_per_token"] == model.flops_per_token()
     assert summary["final_val_loss"] == evals[-1]["val_loss"] and summary["iterations"] == 6
+    assert summary["final_train_loss"] == evals[-1]["train_loss"] and summary["final_losses_iter"] == 6
     assert summary["best_val_loss"] == min(r["val_loss"] for r in evals)
     for key in ("mean_ms_per_iter", "tokens_per_s", "peak_memory_bytes", "wall_time_s", "final_train_loss"):
         assert summary[key] > 0
@@ -788,6 +796,27 @@ def test_a_train_record_times_every_step_since_the_last_but_the_runs_first(tmp_p
     summary = T.train(tiny(tmp_path, data_dir, max_iters=6, log_interval=3, eval_interval=100), verbose=False)
     first, second = [r["ms_per_iter"] for r in read_log(tmp_path / "out") if r["type"] == "train"]
     assert summary["mean_ms_per_iter"] == pytest.approx((2 * first + 3 * second) / 5, rel=1e-9)
+
+
+def test_a_run_of_one_step_is_timed_by_that_step(tmp_path, data_dir):
+    """Its first step, which pays for warm-up or compile, is all there is: the summary's speed is its train
+    record's, not none."""
+    summary = T.train(tiny(tmp_path, data_dir, max_iters=1), verbose=False)
+    [record] = [r for r in read_log(tmp_path / "out") if r["type"] == "train"]
+    assert summary["mean_ms_per_iter"] == pytest.approx(record["ms_per_iter"], rel=1e-9)
+    assert summary["tokens_per_s"] == pytest.approx(record["tokens_per_s"], rel=1e-9)
+
+
+def test_a_train_record_logs_the_loss_of_its_own_step(tmp_path, data_dir):
+    """The losses of the steps since the last record are read back together: the record at iteration 3 of
+    log_interval=3 logs step 3's, as a run that logs every step does there."""
+    losses = {}
+    for log_interval in (1, 3):
+        out = tmp_path / str(log_interval)
+        T.train(tiny(out, data_dir, max_iters=6, log_interval=log_interval, eval_interval=100), verbose=False)
+        losses[log_interval] = {r["iter"]: r["loss"] for r in read_log(out / "out") if r["type"] == "train"}
+    assert list(losses[3]) == [3, 6] and len(set(losses[1].values())) == 6
+    assert losses[3] == {it: losses[1][it] for it in (3, 6)}
 
 
 # what reads a tensor's values back to the host, where a GPU holds them, which waits for every kernel queued before
@@ -1052,6 +1081,31 @@ def test_a_resume_goes_on_in_the_same_wandb_run(tmp_path, data_dir, monkeypatch)
     assert first["run_id"] == resumed["run_id"]
     T.train({**c, "init_from": "resume", "max_iters": 8, "eval_only": True}, verbose=False)  # a wandb run of its own
     assert [(i["id"], i["resume"]) for i in inits] == [(first["run_id"], "allow")] * 2 + [(None, None)]
+
+
+def test_wandb_gets_each_record_under_its_type_at_its_iteration(tmp_path, data_dir, monkeypatch):
+    """The log.jsonl records, each as {type/key: value} at step=iter, so that wandb plots them over iterations."""
+    logged = []
+
+    class FakeRun:
+        def log(self, data, step=None):
+            logged.append((step, data))
+
+        def finish(self):
+            pass
+
+    wandb = types.ModuleType("wandb")
+    wandb.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    wandb.init = lambda **kwargs: FakeRun()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    T.train(tiny(tmp_path, data_dir, max_iters=2, eval_interval=2, wandb_log=True), verbose=False)
+    records = read_log(tmp_path / "out")
+    assert [step for step, _ in logged] == [r["iter"] for r in records] == [0, 1, 2, 2]
+    assert set(logged[0][1]) == {"eval/train_loss", "eval/val_loss", "eval/elapsed_s"}
+    assert set(logged[1][1]) == {"train/loss", "train/lr", "train/ms_per_iter", "train/tokens_per_s", "train/mfu",
+                                 "train/elapsed_s"}
+    for (_, data), record in zip(logged, records):
+        assert data == {f"{record['type']}/{k}": v for k, v in record.items() if k not in ("type", "iter")}
 
 
 @pytest.mark.parametrize("entry", ["model", "optimizer"])
@@ -1514,11 +1568,9 @@ def test_stale_temporary_checkpoints_are_cleaned(tmp_path, data_dir):
     assert not stale.exists()
 
 
-# read at iteration 6 (before its step), at the log step 7 (before its step), at the evaluation at 8
-@pytest.mark.parametrize("log_interval", [1, 8, 100])
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(log_interval, tmp_path, data_dir, monkeypatch):
-    """The losses are read back at log steps and before evaluations only: the error and the summary name the
-    iteration of the first non-finite one, and nothing is saved after it, whenever it is read."""
+def non_finite_loss_from_iteration(monkeypatch, iteration, bad=float("nan"), then=lambda calls: None):
+    """Make the training loss `bad` from the run's iteration `iteration` on (one micro-step each); then(calls)
+    runs in every training forward pass, calls counting them. Returns the count."""
     real_forward = GPT.forward
     calls = {"train": 0}
 
@@ -1526,13 +1578,24 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(log_interval, tmp_path, d
         logits, loss = real_forward(self, idx, targets, **kwargs)
         if self.training and targets is not None:
             calls["train"] += 1
-            if calls["train"] > 6:  # iterations 0..5 are fine, iteration 6 diverges
-                loss = loss * float("nan")
+            then(calls)
+            if calls["train"] > iteration:
+                loss = loss * bad
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", forward)
+    return calls
+
+
+# read at iteration 6 (before its step), at the log step 7 (before its step), at the evaluation at 8
+@pytest.mark.parametrize("log_interval", [1, 8, 100])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(bad, log_interval, tmp_path, data_dir, monkeypatch):
+    """The losses are read back at log steps and before evaluations only: the error and the summary name the
+    iteration of the first non-finite one, and nothing is saved after it, whenever it is read."""
+    non_finite_loss_from_iteration(monkeypatch, 6, bad)  # iterations 0..5 are fine, iteration 6 diverges
     config = tiny(tmp_path, data_dir, max_iters=20, eval_interval=4, log_interval=log_interval)
-    with pytest.raises(T.NonFiniteLossError, match="training loss became nan at iteration 6"):
+    with pytest.raises(T.NonFiniteLossError, match=f"training loss became {bad} at iteration 6"):
         T.train(config, verbose=False)
     ckpt = load_checkpoint(tmp_path / "out")
     assert ckpt["iter_num"] == 4  # the last evaluation before the NaN
@@ -1541,6 +1604,33 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(log_interval, tmp_path, d
     assert summary["stop_reason"] == "diverged" and summary["iterations"] == 6
     assert summary["iterations_this_run"] == 6  # the steps taken after it, before its loss was read, are not the run's
     assert summary["final_val_loss"] is None and summary["best_val_loss"] is not None
+
+
+def test_a_nan_loss_before_a_signal_stops_the_run_at_the_loss(tmp_path, data_dir, monkeypatch):
+    """A signal's step reads the unread losses back before its checkpoint: a NaN two steps before is named
+    there, as a log step would name it, and the steps after it are not the run's."""
+    def sigterm_in_iteration_7(calls):
+        if calls["train"] == 8:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    non_finite_loss_from_iteration(monkeypatch, 6, then=sigterm_in_iteration_7)
+    config = tiny(tmp_path, data_dir, max_iters=20, eval_interval=100, log_interval=100, lr_decay_iters=20)
+    with pytest.raises(T.NonFiniteLossError, match="training loss became nan at iteration 6"):
+        T.train(config, verbose=False)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["stop_reason"] == "diverged" and summary["iterations"] == summary["iterations_this_run"] == 6
+    assert not (tmp_path / "out" / CHECKPOINT_NAME).exists()
+
+
+def test_under_torchrun_a_nan_loss_stops_the_run_before_another_step(tmp_path, data_dir, monkeypatch,
+                                                                     one_process_group):
+    """Under DDP every step reads its loss back with its stop flag: a NaN is found at its own step, not
+    after the steps to the next log step or evaluation."""
+    calls = non_finite_loss_from_iteration(monkeypatch, 6)
+    config = tiny(tmp_path, data_dir, max_iters=12, eval_interval=100, log_interval=100, lr_decay_iters=12)
+    with pytest.raises(T.NonFiniteLossError, match="training loss became nan at iteration 6"):
+        T.train(config, verbose=False)
+    assert calls["train"] == 7  # iterations 0 to 6
 
 
 def test_divergence_never_overwrites_the_last_good_checkpoint(tmp_path, data_dir):
@@ -1932,6 +2022,38 @@ def test_a_resumed_runs_wall_time_and_speed_count_its_kept_steps_once(tmp_path, 
     moved = T.train(tiny(tmp_path, data_dir, max_iters=10, eval_interval=2, init_from="resume", dtype="bfloat16"),
                     verbose=False)
     assert moved["setups"] == ["1 x cpu, float32", "1 x cpu, bfloat16"]  # its speed mixes the two
+
+
+def test_a_resumed_runs_peak_memory_is_the_highest_of_its_processes(tmp_path, data_dir, monkeypatch):
+    """summary.json's peak memory covers every process that trained the run, the checkpoint carrying the
+    earlier ones', whether the resumed process peaks lower or higher."""
+    cfg = tiny(tmp_path, data_dir, eval_interval=2)
+    for max_iters, peak, summarised in ((4, 5 << 20, 5 << 20), (6, 3 << 20, 5 << 20), (8, 7 << 20, 7 << 20)):
+        monkeypatch.setattr(runlog, "peak_memory_bytes", lambda device, peak=peak: peak)
+        init_from = "scratch" if max_iters == 4 else "resume"
+        summary = T.train({**cfg, "max_iters": max_iters, "init_from": init_from}, verbose=False)
+        assert summary["peak_memory_bytes"] == summarised
+
+
+def test_a_new_run_starts_a_log_left_without_a_checkpoint_anew(tmp_path, data_dir):
+    """A run killed before its first save leaves log.jsonl without ckpt.pt: the next run's log holds its own
+    records only, not the dead run's before them."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "log.jsonl").write_text(json.dumps({"type": "train", "iter": 1, "loss": 9.0}) + "\n")
+    T.train(tiny(tmp_path, data_dir, max_iters=2, eval_interval=2), verbose=False)
+    assert [(r["type"], r["iter"]) for r in read_log(out)] == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+    assert read_log(out)[1]["loss"] != 9.0
+
+
+def test_a_summary_that_is_missing_or_torn_reads_as_none(tmp_path):
+    """What a resume reads to tell whether the run has finished: a summary.json cut short (by a disk that
+    filled, or an editor) is no summary, not a traceback."""
+    assert runlog.read_summary(tmp_path) is None
+    (tmp_path / "summary.json").write_text('{"run_id": "0123", "stop_reason": "max_')
+    assert runlog.read_summary(tmp_path) is None
+    (tmp_path / "summary.json").write_text('{"run_id": "0123"}\n')
+    assert runlog.read_summary(tmp_path) == {"run_id": "0123"}
 
 
 # -----------------------------------------------------------------------------
