@@ -208,7 +208,15 @@ def local_files(path):
             f"['train'].to_parquet('corpus/train.parquet')\" (without ['train'] if it has no splits), then pass "
             f"--dataset corpus/")
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and local_kind(p))
+        prepared = prepared_datasets(path)
+        if path in prepared:
+            raise PrepareError(f"{path} is a prepared dataset (train.bin and {META_FILENAME}), not documents: train "
+                               f"on it with python train.py --data_dir={path}")
+        if prepared:
+            print(f"{path}: left out {', '.join(str(p.relative_to(path)) for p in prepared)}: prepared "
+                  f"dataset{'s' if len(prepared) > 1 else ''} (train.bin and {META_FILENAME}), not documents")
+        files = sorted(p for p in path.rglob("*")
+                       if p.is_file() and local_kind(p) and not any(p.is_relative_to(d) for d in prepared))
         if not files:
             raise PrepareError(f"{path}: the folder holds no {' / '.join(LOCAL_BUILDERS)} files (optionally .gz)")
     else:
@@ -226,6 +234,12 @@ def local_files(path):
 def split_words(split):
     """The words that name split in a file name: its own, or all of datasets' names for it (train, training)."""
     return next((list(words) for words in SPLIT_KEYWORDS if split.lower() in words), [split])
+
+
+def prepared_datasets(folder):
+    """The folders under `folder` that hold a dataset this script wrote: an --out_dir inside --dataset is
+    read again on a rerun, where its meta.json would be taken for a document (or mix file types)."""
+    return sorted(meta.parent for meta in folder.rglob(META_FILENAME) if (meta.parent / "train.bin").is_file())
 
 
 def files_by_split(path, files, split, val_split):

@@ -205,6 +205,31 @@ def test_split_names_are_read_as_datasets_reads_them(tmp_path):
     assert {doc.split()[0] for doc in read_split(tmp_path / "out" / "val.bin")} == {"validation0"}
 
 
+@needs_bpe
+@pytest.mark.parametrize("suffix", [".jsonl", ".txt"])
+def test_a_rerun_into_an_out_dir_inside_the_dataset_folder_reads_the_same_documents(tmp_path, capsys, suffix):
+    # the first run's meta.json would be a document of a JSON corpus, and mix file types into a text one
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i, doc in enumerate(make_documents(8)):
+        write_file(folder / f"doc{i}{suffix}", json.dumps({"text": doc}) + "\n" if suffix == ".jsonl" else doc)
+    first = prepare(str(folder), folder / "tokens", val_fraction=0.25)
+    written = {name: (folder / "tokens" / name).read_bytes() for name in ("train.bin", "val.bin")}
+    assert "left out" not in capsys.readouterr().out
+    assert prepare(str(folder), folder / "tokens", val_fraction=0.25) == first
+    assert {name: (folder / "tokens" / name).read_bytes() for name in written} == written
+    assert capsys.readouterr().out == f"{folder}: left out tokens: prepared dataset (train.bin and meta.json), not documents\n"
+
+
+def test_a_prepared_dataset_passed_as_the_documents_says_to_train_on_it(tmp_path, no_tokenizing):
+    (tmp_path / "owt").mkdir()
+    (tmp_path / "owt" / "train.bin").write_bytes(b"")
+    (tmp_path / "owt" / "meta.json").write_text("{}")
+    with pytest.raises(PrepareError, match=r"owt is a prepared dataset .* train on it with python train.py --data_dir="):
+        prepare(str(tmp_path / "owt"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_folder_of_other_splits_only_has_nothing_to_train_on(tmp_path, no_tokenizing):
     folder = write_split_folder(tmp_path / "corpus", ["validation", "test"])
     with pytest.raises(PrepareError, match="no file to train on: every file has 'test' or 'validation' as a word"):
