@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_CLASSES, ATTENTION_VARIANTS, GPT, GPTConfig
+from machine import names, names_among
 from profiling import ms_by_kernel, print_profile
 from runtime import (DTYPES, autocast_context, gpu_peak_flops, machine_name, resolve_device_and_dtype,
                      synchronize)
@@ -191,12 +192,14 @@ def parse_args():
     parser.add_argument("--shapes", default="small,gpt2", help=f"comma-separated among {', '.join(SHAPES)}")
     parser.add_argument("--vocab_size", type=int, default=50257, help="50304 (padded) as NanoGPT trains GPT-2")
     parser.add_argument("--nanogpt_dir", default="", help="a NanoGPT checkout: time its model.py as well")
-    parser.add_argument("--variants", nargs="+", default=list(ATTENTION_VARIANTS), choices=list(ATTENTION_CLASSES),
-                        help="the attention variants to time (standard, the ratios' base, always)")
+    parser.add_argument("--variants", nargs="+", type=names_among(ATTENTION_CLASSES), default=[ATTENTION_VARIANTS],
+                        help="the attention variants to time, space- or comma-separated (standard, the ratios' "
+                             "base, always)")
     parser.add_argument("--profile", action="store_true",
                         help="after the timing, trace 3 steps of each model: the time of each kernel (GPU) "
                              "or operator (CPU), side by side, and of inductor's Triton kernels by what they fuse")
     args = parser.parse_args()
+    args.variants = names(args.variants)
     try:
         args.device, args.dtype = resolve_device_and_dtype(args.device, args.dtype)
     except ValueError as e:

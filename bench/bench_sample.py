@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's modules, from bench/
 from model import ATTENTION_CLASSES, ATTENTION_VARIANTS, GPT, GPTConfig
+from machine import names, names_among
 from profiling import ms_by_kernel, print_profile
 from runtime import DTYPES, autocast_context, machine_name, resolve_device_and_dtype, synchronize
 
@@ -55,8 +56,10 @@ def tokens_per_second(model, prompt, args, **generate_args):
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--variants", nargs="+", default=list(ATTENTION_VARIANTS), choices=list(ATTENTION_CLASSES))
+    parser.add_argument("--sizes", nargs="+", type=names_among(SIZES), default=[SIZES],
+                        help=f"space- or comma-separated among {', '.join(SIZES)}")
+    parser.add_argument("--variants", nargs="+", type=names_among(ATTENTION_CLASSES), default=[ATTENTION_VARIANTS],
+                        help="space- or comma-separated attention variants")
     parser.add_argument("--max_new_tokens", type=int, default=256)
     parser.add_argument("--prompt_tokens", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
@@ -73,6 +76,8 @@ def parse_args():
                         help="torch.set_num_threads; 1 by default: batch-1 decoding is a chain of small ops, and on "
                              "a 2-core VM 2 threads were 1.5-3.5x slower than 1 (0 = torch's choice)")
     args = parser.parse_args()
+    args.sizes = names(args.sizes)
+    args.variants = names(args.variants)
     if min(args.max_new_tokens, args.prompt_tokens, args.repeats) < 1 or args.threads < 0:
         parser.error("--max_new_tokens, --prompt_tokens and --repeats must be at least 1, and --threads at least 0")
     try:

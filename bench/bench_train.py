@@ -54,7 +54,7 @@ from checkpoint import LOG_NAME, SUMMARY_NAME
 from configurator import ConfigError, get_config, resolve_config
 from launcher import child_pids
 from machine import header
-from runtime import sigterm_as_ctrl_c
+from runtime import resolve_device, sigterm_as_ctrl_c
 from tokenizer import GPT2_VOCAB_SIZE, write_meta, write_tokens_atomically
 
 DEFAULT_CONFIGS = ["config/train_llama1b_efficient_c4.py", "config/train_tinyllama_standard_c4.py"]
@@ -186,7 +186,7 @@ def remove_checkpoints(out_dir):
 # the table
 
 def table_header(args):
-    device_days = "GPU-days" if torch.cuda.is_available() else "device-days"
+    device_days = "GPU-days" if args.device == "cuda" else "device-days"
     return (f"| config | parallelism | params | micro-batch x context | tokens/s | MFU | peak memory GiB "
             f"| {device_days} for {args.budget_tokens:.3g} tokens | wall s | note |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -238,6 +238,9 @@ def parse_args(argv=None):
     args.configs = args.configs or DEFAULT_CONFIGS
     args.overrides = (SMOKE if args.smoke else []) + overrides
     args.resolved = {config: resolved(parser, config, args.overrides) for config in args.configs}
+    # where the runs train (--device=cpu on a GPU machine too): the header's machine and the days' unit
+    devices = {resolve_device(c["device"]).split(":")[0] for c in args.resolved.values()}
+    args.device = devices.pop() if len(devices) == 1 else "cpu"
     return args
 
 
@@ -252,7 +255,7 @@ def resolved(parser, config, overrides):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    print(header("bench_train.py", argv, "cuda" if torch.cuda.is_available() else "cpu"))  # train.py's device auto
+    print(header("bench_train.py", argv, args.device))
     print(f"# {args.iters} iterations per run of {args.gradient_accumulation_steps} micro-batch(es); tokens/s and "
           f"MFU over iterations {args.warmup_steps + 1}-{args.iters} (the first {args.warmup_steps} warm up: "
           f"torch.compile, where on, and the allocator)", flush=True)

@@ -586,6 +586,26 @@ def test_bench_sample_profile_is_per_token_of_the_traced_generation(monkeypatch)
     assert length == 4 + units == 4 + bench_sample.PROFILED_TOKENS
 
 
+@pytest.mark.parametrize("argv, variants", [
+    ([], list(ATTENTION_VARIANTS)),
+    (["--variants", "super", "standard"], ["super", "standard"]),
+    (["--variants=efficient,super"], ["efficient", "super"]),  # as compare.py takes them
+    (["--variants", "efficient,super", "efficient", "standard"], ["efficient", "super", "standard"]),
+])
+def test_bench_variants_are_taken_space_or_comma_separated(monkeypatch, argv, variants):
+    monkeypatch.setattr(sys, "argv", ["bench_sample.py", *argv])
+    assert bench_sample.parse_args().variants == variants
+
+
+@pytest.mark.parametrize("argv, wrong", [(["--variants=standard,stadnard"], "stadnard unknown"),
+                                         (["--sizes", ","], "no name")])
+def test_bench_names_it_does_not_know_are_refused_by_name(monkeypatch, capsys, argv, wrong):
+    monkeypatch.setattr(sys, "argv", ["bench_sample.py", *argv])
+    with pytest.raises(SystemExit):
+        bench_sample.parse_args()
+    assert f": {wrong}; choose among " in capsys.readouterr().err
+
+
 def test_bench_sample_table_speed_up_and_profiled_ms_per_token(monkeypatch, capsys):
     speeds = {"standard": {"no cache": 10.0, "KV cache": 40.0}, "efficient": {"no cache": 20.0, "KV cache": 50.0}}
     monkeypatch.setattr(bench_sample, "bench_variant",
@@ -631,9 +651,14 @@ def test_bench_train_names_the_timed_iterations_and_repeats_the_rows_at_the_end(
     assert [row[:2] + row[4:8] for row in rows] == [[CONFIG, p, "500", "-", "1.00", "1.0"] for p in ("plain", "ddp")]
 
 
-def test_bench_train_row_cells_under_their_columns(monkeypatch):
+def test_bench_train_on_the_cpu_of_a_gpu_machine_counts_device_days(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    args = SimpleNamespace(budget_tokens=8.64e7)
+    args = bench_train.parse_args([*TINY_RUN, "--device=cpu"])
+    assert args.device == "cpu" and "| device-days for 3e+10 tokens |" in bench_train.table_header(args)
+
+
+def test_bench_train_row_cells_under_their_columns():
+    args = SimpleNamespace(budget_tokens=8.64e7, device="cuda")
     # two GPUs at 1,000 tokens/s together: 8.64e7 tokens take 86,400 s, on each GPU, so two GPU-days
     row = dict(config="c.py", parallelism="ddp", shape="4 x 2048", error=None, tokens_per_s=1000.0, mfu=0.4567,
                params=1_234_567, peak_memory=3 * 2**30, wall_s=12.4, world_size=2)
