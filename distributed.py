@@ -310,12 +310,12 @@ def newest_shards(out_dir):
 
 
 def train_state_iteration(folder):
-    """The iteration of a complete sharded folder; one whose train_state.pt cannot be read is refused
-    (every rank finds it), not passed over: its shards may still be what the user wants back."""
+    """The iteration of a complete sharded folder; one whose train_state.pt cannot be read is a
+    CheckpointError, not passed over: its shards may still be what the user wants back."""
     try:
         return read_checkpoint_file(Path(folder) / TRAIN_STATE_NAME)["iter_num"]
     except (CheckpointError, KeyError, TypeError) as e:
-        refuse(damaged, folder, f"its {TRAIN_STATE_NAME} cannot be read: {e}")
+        raise CheckpointError(damaged(folder, f"its {TRAIN_STATE_NAME} cannot be read: {e}")) from None
 
 
 def full_model_state(model):
@@ -329,15 +329,16 @@ def load_train_state(out_dir):
     """What an FSDP resume needs before the model exists: train_state.pt of the newest complete
     sharded folder (iter_num, best_val_loss, rng, model_args), with "sharded_dir" naming the folder
     (the path to name as what the run resumes from). Called by every rank, before the process group
-    exists; a missing or damaged folder is a CheckpointError on rank 0 (see refuse)."""
+    exists; a missing or damaged folder is a CheckpointError on each rank that finds it, which
+    stop_if_any_rank_failed then says for all (a node may see other files than rank 0's)."""
     folder = newest_shards(out_dir)
     if folder is None:
-        refuse(missing, out_dir)
+        raise CheckpointError(missing(out_dir))
     problem = shards_problem(folder)
     if problem:
-        refuse(damaged, folder, problem)
+        raise CheckpointError(damaged(folder, problem))
     if superseded_by(out_dir, folder) is not None:
-        refuse(superseded, out_dir, folder)
+        raise CheckpointError(superseded(out_dir, folder))
     state = read_checkpoint_file(folder / TRAIN_STATE_NAME)
     state["sharded_dir"] = str(folder)
     return state
@@ -430,9 +431,7 @@ def refuse(message, *args, error=CheckpointError):
             signal.signal(stop, signal.SIG_DFL)  # end quietly, with no handler's save or traceback
         time.sleep(REFUSE_WAIT_SECONDS)
         raise SystemExit(1)
-    refused = error(message(*args))
-    refused.said_for_every_rank = True  # the others are waiting to be stopped, not to join the process group
-    raise refused
+    raise error(message(*args))
 
 
 def load_sharded(model, optimizer, folder):

@@ -214,9 +214,9 @@ def read_data_and_checkpoint(c, out_dir, data_dir, ddp, device):
         if isinstance(e, CheckpointError):
             check_out_dir_free(out_dir)  # a live run mid-save, or before its first checkpoint, is the real cause
         error = type(e)(f"{e}{resume_hint(out_dir, c)}")
-        if not ddp or getattr(e, "said_for_every_rank", False):
+        if not ddp:
             raise error from None
-        # the ranks that found their files wait for this one in init_process_group: join it to stop them too
+        # every rank joins the process group (those that found their files wait there) to stop with one error line
         distributed.init_process_group(backend(c, device), device)
         try:
             distributed.stop_if_any_rank_failed(error)  # raises, on every rank

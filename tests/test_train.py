@@ -10,6 +10,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -1314,20 +1315,36 @@ MISSING_CHECKPOINT_DRIVER = FORK_RANKS + textwrap.dedent("""
 """)
 
 
-def test_a_resume_that_one_node_cannot_read_stops_every_rank_with_its_error(tmp_path, data_dir, monkeypatch):
-    """Each rank reads ckpt.pt where it runs: a node that does not see out_dir (not on a shared filesystem)
+@pytest.mark.parametrize("parallelism, error", [
+    ("ddp", "no checkpoint at out/ckpt.pt"),
+    # node1 sees the FSDP run's train_state.pt, but not the shards beside it
+    ("fsdp", "the sharded checkpoint out/ckpt_sharded is damaged (its .metadata cannot be read"),
+])
+def test_a_resume_that_one_node_cannot_read_stops_every_rank_with_its_error(parallelism, error, tmp_path, data_dir,
+                                                                            monkeypatch, request):
+    """Each rank reads out_dir where it runs: a node that does not see it all (not on a shared filesystem)
     used to stop alone, leaving rank 0 waiting for it in init_process_group until its timeout."""
     for node in ("node0", "node1"):
         (tmp_path / node).mkdir()
     monkeypatch.chdir(tmp_path / "node0")
-    cfg = tiny(tmp_path, data_dir, out_dir="out", max_iters=4, lr_decay_iters=4, gradient_accumulation_steps=2)
-    T.train(cfg, verbose=False)
+    cfg = tiny(tmp_path, data_dir, out_dir="out", max_iters=4, lr_decay_iters=4, gradient_accumulation_steps=2,
+               parallelism=parallelism)
+    if parallelism == "fsdp":
+        request.getfixturevalue("one_process_group")  # shards are written by a world of one here
+        T.train(cfg, verbose=False)
+        (tmp_path / "node1" / "out" / "ckpt_sharded").mkdir(parents=True)
+        shutil.copy(tmp_path / "node0" / "out" / "ckpt_sharded" / "train_state.pt",
+                    tmp_path / "node1" / "out" / "ckpt_sharded")
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(key)
+    else:
+        T.train(cfg, verbose=False)
     argv = [f"--{k}={v!r}" for k, v in {**cfg, "init_from": "resume", "max_iters": 8}.items()]
     result = subprocess.run([sys.executable, "-c", MISSING_CHECKPOINT_DRIVER, *argv], cwd=tmp_path,
                             env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert "error: rank 1 of 2: no checkpoint at out/ckpt.pt" in result.stderr
-    assert "on a filesystem every node sees" in result.stderr
+    assert f"error: rank 1 of 2: {error}" in result.stderr
+    assert "on a filesystem every node sees" in result.stderr and result.stderr.count("error:") == 1
     assert load_checkpoint(tmp_path / "node0" / "out")["iter_num"] == 4
 
 
