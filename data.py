@@ -18,11 +18,14 @@ class DataError(ValueError):
     """Training data that is missing, empty, too short, or does not fit the model."""
 
 
-# the commands that make each dataset the shipped configs read, by the name of its folder
+# the commands that make each dataset the shipped configs read, by the name of its folder; {data_dir}
+# where the script's own default folder is another one
 PREPARE_COMMANDS = {
     "shakespeare_char": ("python prepare_char.py --input=path/to/tinyshakespeare.txt",
                          "python prepare_char.py (downloads it)"),
     "stdlib_char": ("python prepare_char.py --corpus=stdlib",),
+    "shakespeare": ("python prepare_openwebtext.py --dataset=path/to/tinyshakespeare.txt --out_dir={data_dir} "
+                    "--val_fraction=0.1",),
     "openwebtext": ("python prepare_openwebtext.py",),
     "c4": ("python prepare_openwebtext.py --dataset=c4",),
 }
@@ -36,7 +39,8 @@ def prepare_hint(data_dir):
         return (f"prepare the dataset first, with --out_dir={data_dir}: python prepare_char.py for characters, "
                 f"python prepare_openwebtext.py for GPT-2 BPE (docs/data.md)")
     out_dir = "" if data_dir == Path("data") / data_dir.name else f" --out_dir={data_dir}"
-    commands = [command.replace(".py", f".py{out_dir}", 1) for command in PREPARE_COMMANDS[data_dir.name]]
+    commands = [command.format(data_dir=data_dir) if "{data_dir}" in command else command.replace(".py", f".py{out_dir}", 1)
+                for command in PREPARE_COMMANDS[data_dir.name]]
     return f"prepare the dataset first: {', or '.join(commands)}"
 
 

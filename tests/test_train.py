@@ -31,7 +31,7 @@ from checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_
                         save_checkpoint)
 from conftest import REPO, TEXT, VARIANTS
 from faults import nan_after_step
-from model import GPT, GPT2_SHAPES
+from model import GPT, GPT2_SHAPES, PRETRAINED_GPT2
 from prepare_char import prepare
 from runlog import RunLog
 from test_data import write_char_data
@@ -231,7 +231,8 @@ def test_every_shipped_config_parses():
     for path in sorted((REPO / "config").glob("*.py")):
         config = T.resolve_config(T.get_config([str(path)]))
         assert config["attention"] in ("standard", "efficient")  # the 1.1B Llama-style config is the paper's efficient
-        if config["n_kv_head"] in (0, config["n_head"]):  # grouped-query attention is standard's alone
+        # grouped-query attention is standard's alone, as are OpenAI's weights
+        if config["n_kv_head"] in (0, config["n_head"]) and config["init_from"] not in PRETRAINED_GPT2:
             T.resolve_config(T.get_config([str(path), "--attention=super"]))
 
 
@@ -355,6 +356,8 @@ def test_bad_data_stops_before_training_with_the_reason(tmp_path, case, match):
     ("data/openwebtext", "python prepare_openwebtext.py"),
     ("data/c4", "python prepare_openwebtext.py --dataset=c4"),
     ("data/stdlib_char", "python prepare_char.py --corpus=stdlib"),
+    ("data/shakespeare", "python prepare_openwebtext.py --dataset=path/to/tinyshakespeare.txt --out_dir=data/shakespeare "
+                         "--val_fraction=0.1"),  # GPT-2 BPE, for config/finetune_shakespeare.py
     ("/scratch/shakespeare_char", "python prepare_char.py --out_dir=/scratch/shakespeare_char "
                                   "--input=path/to/tinyshakespeare.txt, or python prepare_char.py "
                                   "--out_dir=/scratch/shakespeare_char (downloads it)"),
@@ -615,6 +618,21 @@ def test_a_run_fine_tuned_from_gpt2_resumes_with_its_own_config(tmp_path, small_
     assert summary["model_args"]["vocab_size"] == 50257 and summary["model_args"]["gelu_approximate"] == "tanh"
     with pytest.raises(CheckpointError, match="attention: checkpoint 'standard', requested 'efficient'"):
         T.train({**cfg, "init_from": "resume", "max_iters": 6, "attention": "efficient"}, verbose=False)
+
+
+def test_the_fine_tuning_config_trains_gpt2_at_a_constant_rate_and_keeps_the_best_checkpoint(tmp_path, small_gpt2):
+    config = [str(REPO / "config" / "finetune_shakespeare.py"), "--init_from='gpt2'", "--max_iters=6",
+              "--eval_interval=2", "--eval_iters=2", "--gradient_accumulation_steps=2", "--block_size=32",
+              f"--data_dir='{gpt2_data(tmp_path)}'", f"--out_dir='{tmp_path / 'out'}'", "--device='cpu'",
+              "--compile=False"]
+    summary = T.train(T.get_config(config), verbose=False)
+    assert summary["iterations"] == 6 and summary["model_args"]["attention"] == "standard"
+    records = read_log(tmp_path / "out")
+    assert {r["lr"] for r in records if r["type"] == "train"} == {3e-5}
+    # the pretrained weights' evaluation (iteration 0) is not saved; after it, the best evaluation is kept
+    val = {r["iter"]: r["val_loss"] for r in records if r["type"] == "eval" and r["iter"] > 0}
+    checkpoint = load_checkpoint(tmp_path / "out")
+    assert (checkpoint["iter_num"], checkpoint["best_val_loss"]) == min(val.items(), key=lambda item: item[1])
 
 
 def test_model_keys_gpt2_weights_would_ignore_are_refused(tmp_path, small_gpt2):
