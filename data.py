@@ -39,8 +39,8 @@ def prepare_hint(data_dir):
         return (f"prepare the dataset first, with --out_dir={data_dir}: python prepare_char.py for characters, "
                 f"python prepare_openwebtext.py for GPT-2 BPE (docs/data.md)")
     out_dir = "" if data_dir == Path("data") / data_dir.name else f" --out_dir={data_dir}"
-    commands = [command.format(data_dir=data_dir) if "{data_dir}" in command else command.replace(".py", f".py{out_dir}", 1)
-                for command in PREPARE_COMMANDS[data_dir.name]]
+    commands = [command.format(data_dir=data_dir) if "{data_dir}" in command
+                else command.replace(".py", f".py{out_dir}", 1) for command in PREPARE_COMMANDS[data_dir.name]]
     return f"prepare the dataset first: {', or '.join(commands)}"
 
 
@@ -69,12 +69,18 @@ def _max_token(path, limit=1 << 28, chunk=1 << 24):
     return max(int(data[i:i + chunk].max()) for i in range(0, len(data), chunk))
 
 
-def check_data(data_dir, block_size):
-    """Check train.bin, val.bin and meta.json before anything trains; return (meta, n_tokens, max_token)."""
+def check_data_dir(data_dir):
+    """A DataError, with the commands that make it, if the data folder does not exist."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         where = "" if data_dir.is_absolute() else f" (in {Path.cwd()}: data paths are relative to the current folder)"
         raise DataError(f"data folder {data_dir} not found{where}: {prepare_hint(data_dir)}")
+
+
+def check_data(data_dir, block_size):
+    """Check train.bin, val.bin and meta.json before anything trains; return (meta, n_tokens, max_token)."""
+    data_dir = Path(data_dir)
+    check_data_dir(data_dir)
     paths = {split: _token_file(data_dir, split) for split in ("train", "val")}
     try:
         meta = read_meta(data_dir)

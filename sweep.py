@@ -28,7 +28,7 @@ from atomic import write_text_atomic
 from checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
 from configurator import (MODEL_ARG_KEYS, ConfigError, format_override, get_config, naming_config_files,
                           parse_override, resolve_config, world_size_problem)
-from data import choose_vocab_size, config_data_dir
+from data import check_data_dir, choose_vocab_size, config_data_dir
 from distributed import SHARDED_NAME
 from launcher import LaunchError, planned_world_size
 from model import GPT, GPTConfig
@@ -142,8 +142,9 @@ def planned_settings(c):
 def data_meta(c):
     """The meta.json of the data a config trains on; a missing or bad one is a SweepError."""
     try:
+        check_data_dir(config_data_dir(c))
         return read_meta(config_data_dir(c))
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:  # DataError is a ValueError
         raise SweepError(str(e)) from None
 
 

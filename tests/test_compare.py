@@ -452,6 +452,16 @@ def test_a_config_file_missing_from_another_folder_says_where_to_run(tmp_path, m
         capsys.readouterr().err
 
 
+def test_data_not_prepared_yet_names_the_command_that_prepares_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    assert compare.main(["config/train_shakespeare_char_cpu.py", "--out_dir=compare"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: data folder data/shakespeare_char not found") and err.count("\n") == 1
+    assert "prepare the dataset first: python prepare_char.py --input=path/to/tinyshakespeare.txt" in err
+    assert not (tmp_path / "compare").exists()
+
+
 def test_a_mistyped_train_py_key_gets_train_pys_suggestion(tiny_run, capsys):
     config, out_dir = tiny_run
     assert compare.main([str(config), f"--out_dir={out_dir}", "--eval_iter=2"]) == 1  # not --probe_iters
