@@ -352,6 +352,31 @@ def test_an_error_in_a_worker_process_is_one_line(tmp_path, no_tokenizing):
     assert re.search(r"; first bad line: .*b\.jsonl, line 2 ", message)
 
 
+@needs_bpe
+@pytest.mark.parametrize("damage, message", [
+    ("cut off", r"; .*c4-train\.00003-of-00004\.json\.gz cannot be read \(EOFError\)"),
+    ("bad line", r"; first bad line: .*c4-train\.00003-of-00004\.json\.gz, line 301 "),
+])
+def test_a_stream_that_fails_in_a_late_shard_looks_in_that_shard_first(tmp_path, monkeypatch, damage, message):
+    """Searching the shards in order for the bad place would read all of C4's earlier ones again, for hours."""
+    folder = tmp_path / "c4"
+    folder.mkdir()
+    for shard in range(4):
+        lines = [json.dumps({"text": f"shard {shard} document {i}"}) + "\n" for i in range(600)]
+        if shard == 3 and damage == "bad line":
+            lines[300] = "{oops\n"
+        data = gzip.compress("".join(lines).encode())
+        (folder / f"c4-train.{shard:05d}-of-00004.json.gz").write_bytes(data[:len(data) // 2] if
+                                                                         shard == 3 and damage == "cut off" else data)
+    searched = []
+    real_bad_line = prepare_openwebtext.bad_line
+    monkeypatch.setattr(prepare_openwebtext, "bad_line", lambda name, builder: searched.append(Path(name).name)
+                        or real_bad_line(name, builder))
+    with pytest.raises(PrepareError, match=message):
+        prepare(str(folder), tmp_path / "out", streaming=True, max_tokens=10**6)
+    assert searched == ["c4-train.00003-of-00004.json.gz"]
+
+
 @pytest.mark.parametrize("option, message", [
     ({"val_fraction": 1.5}, "val_fraction"), ({"val_fraction": 0}, "val_fraction must be between 0 and 1"),
     ({"val_fraction": 1}, "val_fraction must be between 0 and 1"), ({"num_proc": 0}, "num_proc"),
