@@ -1349,14 +1349,13 @@ def test_a_resume_that_one_node_cannot_read_stops_every_rank_with_its_error(para
                parallelism=parallelism)
     if parallelism == "fsdp":
         request.getfixturevalue("one_process_group")  # shards are written by a world of one here
-        T.train(cfg, verbose=False)
+    T.train(cfg, verbose=False)
+    if parallelism == "fsdp":
         (tmp_path / "node1" / "out" / "ckpt_sharded").mkdir(parents=True)
         shutil.copy(tmp_path / "node0" / "out" / "ckpt_sharded" / "train_state.pt",
                     tmp_path / "node1" / "out" / "ckpt_sharded")
         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-            monkeypatch.delenv(key)
-    else:
-        T.train(cfg, verbose=False)
+            monkeypatch.delenv(key)  # each rank of the launch below sets its own
     argv = [f"--{k}={v!r}" for k, v in {**cfg, "init_from": "resume", "max_iters": 8}.items()]
     result = subprocess.run([sys.executable, "-c", MISSING_CHECKPOINT_DRIVER, *argv], cwd=tmp_path,
                             env=subprocess_env(), capture_output=True, text=True, timeout=120)
