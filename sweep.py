@@ -141,9 +141,10 @@ def planned_settings(c):
 
 def data_meta(c):
     """The meta.json of the data a config trains on; a missing or bad one is a SweepError."""
+    data_dir = config_data_dir(c)
     try:
-        check_data_dir(config_data_dir(c))
-        return read_meta(config_data_dir(c))
+        check_data_dir(data_dir)
+        return read_meta(data_dir)
     except (FileNotFoundError, ValueError) as e:  # DataError is a ValueError
         raise SweepError(str(e)) from None
 
