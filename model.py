@@ -552,7 +552,8 @@ class GPT(nn.Module):
         except OSError as e:
             raise PretrainedUnavailableError(
                 f"could not load {model_type!r} weights: they download from the Hugging Face hub on first "
-                f"use, so a network is needed once (or set HF_HOME to a cache that holds them). Cause: {e}"
+                f"use, so a network is needed once (or set HF_HOME to a cache that holds them; offline, "
+                f"HF_HUB_OFFLINE=1 skips the hub's retries). Cause: {e}"
             ) from e
 
         model = cls(gpt2_config(hf_model.config, model_type, override_args))
