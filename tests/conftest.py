@@ -120,6 +120,7 @@ def one_thread():
 
 def pytest_configure(config):
     # `pytest -m "not slow"` is the fast subset; CI runs everything.
-    config.addinivalue_line("markers", "slow: takes over ~5 s on 2 CPU cores (torch.compile, torchrun, real corpora)")
+    config.addinivalue_line("markers",
+                            "slow: takes over ~5 s on 2 CPU cores (torch.compile, torchrun, real corpora, sweeps)")
     # torch.compile imports torch.utils.mkldnn, whose own TorchScript classes warn at import: not ours to fix
     config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")

@@ -68,6 +68,7 @@ def plan(config, out_dir, *argv):
     return sweep.plan_sweep(args, overrides, out_dir)
 
 
+@pytest.mark.slow
 def test_compare_two_variants_writes_table_json_and_plot(tiny_run, capsys):
     config, out_dir = tiny_run
     assert compare.main([str(config), "--variants=standard,efficient", f"--out_dir={out_dir}", "--max_iters=6"]) == 0
@@ -127,6 +128,7 @@ def test_a_full_disk_at_the_tables_is_one_error_line_and_a_rerun_writes_them(tin
     assert "finished already, skipped" in capsys.readouterr().out and (out_dir / "results.md").is_file()
 
 
+@pytest.mark.slow
 def test_several_seeds_report_mean_and_spread(tiny_run):
     config, out_dir = tiny_run
     compare.main([str(config), "--variants=optimized", "--seeds=2", f"--out_dir={out_dir}", "--max_iters=3"])
@@ -298,6 +300,7 @@ def test_runs_of_one_seed_train_on_the_same_batches_and_are_evaluated_on_the_sam
     assert drawn["standard", 0]["val"][0] != drawn["standard", 1]["val"][0]
 
 
+@pytest.mark.slow
 def test_a_time_matched_sweep_plans_from_its_probes_and_a_rerun_reuses_them(tiny_run, capsys):
     config, out_dir = tiny_run
     argv = [str(config), "--variants=standard,efficient", "--match=time", "--budget_seconds=0.1", "--probe_iters=3",
@@ -359,6 +362,7 @@ def test_sizes_scale_the_mlp_width_and_key_value_heads_at_the_configs_ratio(tiny
                                               "query heads (n_kv_head=1, n_head=2), which do not divide its n_head=3")
 
 
+@pytest.mark.slow
 def test_the_summary_names_the_unit_of_each_sizes_budget(tiny_run):
     """--match=iters budgets 2 iterations at every size, not 2 FLOPs beside a fit on FLOPs."""
     config, out_dir = tiny_run
@@ -477,6 +481,7 @@ def test_a_variant_the_config_does_not_fit_is_one_error_line(tiny_run, capsys):
     assert err.count("\n") == 1 and not out_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_comparison_of_other_runs_never_replaces_the_results_of_another(tiny_run, capsys, monkeypatch):
     """Into an out_dir whose results.md tabulates runs the new plan lacks, nothing trains and nothing is
     replaced, not even a timing probe (refused before the plan); one extended by a variant replaces them."""
@@ -547,6 +552,7 @@ def test_a_budget_that_cannot_be_planned_is_one_error_line(tiny_run, argv, messa
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and not out_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_stop_while_scoring_hellaswag_keeps_the_tables_and_the_scores_so_far(tiny_run, monkeypatch, capsys):
     config, out_dir = tiny_run
     hellaswag = config.parent / "hellaswag.jsonl"
@@ -647,6 +653,7 @@ def seeds_of(**val_losses):
             for variant, losses in val_losses.items()}
 
 
+@pytest.mark.slow
 def test_runs_of_different_set_ups_are_noted_in_the_header(tiny_run, capsys):
     """A sweep resumed on another machine or under another --launcher mixes set-ups: results.md says so."""
     config, out_dir = tiny_run
@@ -978,6 +985,7 @@ def test_learning_rates_close_together_train_in_folders_named_as_typed(tiny_run)
     assert [r.run_dir.name for r in runs] == ["standard-lr0.00121-seed0", "standard-lr0.00124-seed0"]
 
 
+@pytest.mark.slow
 def test_each_variant_is_compared_at_its_best_learning_rate_and_a_wider_grid_reuses_runs(tiny_run, capsys):
     config, out_dir = tiny_run
     argv = [str(config), "--variants=standard,efficient", "--max_iters=6", f"--out_dir={out_dir}"]
@@ -1004,6 +1012,7 @@ def test_each_variant_is_compared_at_its_best_learning_rate_and_a_wider_grid_reu
     assert len(json.loads((out_dir / "results.json").read_text())["runs"]) == 6
 
 
+@pytest.mark.slow
 def test_a_diverged_learning_rate_is_a_result_of_the_sweep_not_a_failure(tiny_run, capsys):
     config, out_dir = tiny_run
     hellaswag = out_dir.parent / "hellaswag.jsonl"  # scored only at the best rate: the diverged run has no checkpoint

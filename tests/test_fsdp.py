@@ -55,6 +55,7 @@ def fsdp_run(tmp_path_factory, data_dir):
     return tmp / "out"
 
 
+@pytest.mark.slow
 def test_fsdp_equals_single_process(fsdp_run, tmp_path, data_dir):
     T.train(tiny(tmp_path, data_dir, **COMMON), verbose=False)
     single = tmp_path / "out"
@@ -96,6 +97,7 @@ def test_sample_py_reads_the_fsdp_export(fsdp_run, capsys):
     assert start in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_fsdp_resume_is_exact(tmp_path, data_dir):
     """8 iterations straight == 4, then a resume from the sharded checkpoint for 4 more, with dropout
     (per-rank RNG streams) and gradient accumulation (2 micro-steps per process)."""
@@ -182,6 +184,7 @@ def test_activation_checkpointing_changes_no_number(tmp_path, data_dir):
 
 @pytest.mark.parametrize("shape", [pytest.param(LLAMA, id="standard"),
                                    pytest.param(dict(WIDE_HEAD, attention="efficient"), id="efficient-wide-head")])
+@pytest.mark.slow
 def test_llama_shape_with_activation_checkpointing_under_fsdp_equals_single_process(
         shape, tmp_path, data_dir):
     """RMSNorm, RoPE, SwiGLU and an untied head (two embedding-sized parameters in the root unit),

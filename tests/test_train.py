@@ -1249,6 +1249,7 @@ TEARDOWN_DRIVER = FORK_RANKS + textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_finished_ddp_runs_exit_0_every_time_with_no_gloo_thread_left(tmp_path, data_dir):
     cfg = tiny(tmp_path, data_dir, max_iters=2, eval_interval=2, eval_iters=2, gradient_accumulation_steps=2,
                n_layer=1, n_embd=16)
@@ -1396,6 +1397,7 @@ def launch_and_signal(tmp_path, data_dir, sig, to_group, **overrides):
     return ckpt
 
 
+@pytest.mark.slow
 def test_ddp_stopped_by_sigterm_exits_0_and_equals_single_process(tmp_path, data_dir):
     """SIGTERM to the launcher: exit status 0 and a checkpoint at the last step; and 2 processes
     reach the parameters of 1 process with twice the accumulation. Exact with dropout 0 only: each
@@ -1423,6 +1425,7 @@ def test_ddp_stopped_by_sigterm_exits_0_and_equals_single_process(tmp_path, data
     assert summary["tokens_per_s"] == pytest.approx(tokens_per_iter / (summary["mean_ms_per_iter"] / 1000), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_ddp_interrupted_by_ctrl_c_exits_0(tmp_path, data_dir):
     """SIGINT to the launcher's process group, as Ctrl-C in a terminal sends it."""
     launch_and_signal(tmp_path, data_dir, signal.SIGINT, to_group=True, gradient_accumulation_steps=2)
@@ -1564,6 +1567,7 @@ def test_a_launch_with_no_process_to_start_is_one_error_line(value, problem, tmp
 # -----------------------------------------------------------------------------
 # crashes, signals and NaN
 
+@pytest.mark.slow
 def test_sigkill_during_checkpoint_write_never_leaves_a_torn_checkpoint(tmp_path):
     """A writer saves a ~24 MB checkpoint in a loop; kill it at random moments after its first save
     (so mid-write, often), then the checkpoint must load and be one of its complete versions."""
