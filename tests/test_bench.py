@@ -5,6 +5,7 @@ trains a NanoGPT-like model.py beside the four variants and prints each batch si
 are measured; a benchmark stopped or killed takes its run with it; gpu_suite.sh's control flow (a
 stage past its time, a failing one, an unknown one); and the figures each benchmark prints (medians, ratios,
 units, MFU, each cell under its column) from fixed timings fed through its own arithmetic."""
+import importlib
 import json
 import os
 import shutil
@@ -32,7 +33,6 @@ import bench_attention_kernels  # noqa: E402
 import bench_cpu_load  # noqa: E402
 import bench_faults  # noqa: E402
 import bench_model  # noqa: E402
-import bench_prepare  # noqa: E402
 import bench_sample  # noqa: E402
 import bench_train  # noqa: E402
 import profiling  # noqa: E402
@@ -248,11 +248,9 @@ def test_bench_model_steps_nanogpt_and_every_variant(tmp_path):
 def test_bench_arguments_out_of_range_are_one_error_line(script, args, message, monkeypatch, capsys):
     """argparse's usage and one error line, exit code 2, before any work (in this process: each script
     as its own process would spend its seconds importing torch)."""
-    bench = {"bench_sample.py": bench_sample, "bench_model.py": bench_model, "bench_prepare.py": bench_prepare,
-             "bench_cpu_load.py": bench_cpu_load, "bench_train.py": bench_train, "bench_faults.py": bench_faults}
     monkeypatch.setattr(sys, "argv", [script, *args])
     with pytest.raises(SystemExit) as stopped:
-        bench[script].main()
+        importlib.import_module(Path(script).stem).main()
     assert stopped.value.code == 2 and message in capsys.readouterr().err
 
 
