@@ -18,7 +18,7 @@ wandb_run_name = 'tinyllama-standard'
 dataset = 'c4'
 block_size = 2048  # TinyLlama's context
 # 524,288 tokens per step, as config/train_llama1b_efficient_c4.py (4 sequences x 64 micro-steps x 2048,
-# the accumulation shared out over the DDP processes); the micro-batch of 4 is to be measured on the GPU
+# the accumulation shared out over the DDP processes); the micro-batch of 4 peaks at 30.3 GiB (docs/gpu.md)
 batch_size = 4
 gradient_accumulation_steps = 64
 
