@@ -6,7 +6,7 @@
 # Stages (docs/gpu.md, "Benchmarks on a GPU", says what each measures and how long it is expected to take):
 #   tests                the CUDA tests, tests/test_gpu.py (on a CPU too: they skip, saying why)
 #   sample               batch-1 sampling at 124M: no cache, KV cache, compiled (CUDA graphs), and a profile
-#   step, step_large     the compiled bf16 train step of the four variants at 124M, batch 12,16 / 24,32,
+#   step, step_large     the compiled bf16 train step of the four variants at 124M, batch 12,16 / 32,64,
 #                        against NanoGPT's model.py when NANOGPT_DIR is set
 #   step_eager           the same without torch.compile, batch 12
 #   step_profile         the compiled step at batch 12 again, then each model's time by GPU kernel (--profile)
@@ -137,7 +137,7 @@ train_step_bench() {
 
 stage_step() { train_step_bench 12,16 --repeats=30; }
 stage_step_profile() { train_step_bench 12 --repeats=10 --profile; }
-stage_step_large() { train_step_bench 24,32 --repeats=30; }
+stage_step_large() { train_step_bench 32,64 --repeats=20; }  # does the throughput still rise past 32?
 
 stage_step_eager() {
   run python bench/bench_model.py --device=cuda --optimizer --shapes=gpt2 --vocab_size=50304 \
