@@ -218,14 +218,21 @@ def describe_plan(args, plan, budgets):
 
 
 def check_hellaswag_file(args, train_overrides):
-    """A HellaSwag file that cannot be read, or that the dataset's tokenizer cannot encode, is refused
-    before the sweep trains, not after."""
+    """A HellaSwag file that cannot be read, or that the dataset's tokenizer cannot encode, or runs that
+    save no checkpoint to score, are refused before the sweep trains, not after."""
     try:
         examples = load_examples(args.hellaswag_file, args.hellaswag_limit)
     except HellaSwagError as e:
         raise sweep.SweepError(f"--hellaswag_file: {e}") from None
     try:
-        data_dir = config_data_dir(sweep.resolved_config(args.config, train_overrides, schedule_checked_per_run=True))
+        config = sweep.resolved_config(args.config, train_overrides, schedule_checked_per_run=True)
+    except Exception:  # the plan says what is wrong with it
+        return
+    if not config["save_checkpoints"]:
+        raise sweep.SweepError("--hellaswag_file scores each run's checkpoint, and save_checkpoints=False writes "
+                               "none: drop one or the other")
+    try:
+        data_dir = config_data_dir(config)
         tokenizer = tokenizer_from_meta(read_meta(data_dir))
     except Exception:  # no dataset yet (the plan says so), or its tokenizer is not to be had here: scored later
         return

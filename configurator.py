@@ -50,6 +50,8 @@ SETTINGS = {
     "eval_only": Setting(False, "evaluate init_from's model once and exit, leaving out_dir's files as they are"),
     "always_save_checkpoint": Setting(True, "checkpoint at every evaluation; False: only when val loss improves "
                                             "(and on SIGINT/SIGTERM)"),
+    "save_checkpoints": Setting(True, "False: write no checkpoint at all, not even on SIGINT/SIGTERM (throughput "
+                                      "runs: nothing to resume, sample or score)"),
     "init_from": Setting("scratch", "'resume' continues out_dir's checkpoint (give the same config again); "
                                     "'gpt2*' starts from OpenAI's weights", ("scratch", "resume", *PRETRAINED_GPT2)),
     # logging
@@ -339,6 +341,10 @@ def _check_combinations(c):
     if c["parallelism"] == "fsdp" and c["hellaswag_interval"]:
         raise bad("hellaswag_interval", "HellaSwag during FSDP training is not supported: set it to 0 and run "
                   "eval_hellaswag.py on the consolidated ckpt.pt")
+    if not c["save_checkpoints"] and c["init_from"] == "resume" and not c["eval_only"]:
+        # its log and summary would go past the checkpoint, which a later resume would take as finished
+        raise bad("save_checkpoints", "a resume that saves nothing leaves its checkpoint behind its log and "
+                  "summary: resume with save_checkpoints=True")
     if c["decay_lr"] and c["lr_decay_iters"] <= c["warmup_iters"]:
         raise bad("lr_decay_iters", f"must exceed warmup_iters={c['warmup_iters']} when decay_lr is on")
     if c["decay_lr"] and c["min_lr"] > c["learning_rate"]:

@@ -20,7 +20,7 @@ also a function, `train(config) -> summary`, so tests and scripts can run it in-
 What the run writes to out_dir (rank 0 only):
     ckpt.pt       model_args, model, optimizer, iter_num, evaluated, best_val_loss, config, rng, meta, totals,
                   run_id (checkpoint.py); written atomically, loadable with torch.load(weights_only=True),
-                  never with "_orig_mod."
+                  never with "_orig_mod."; none at all with save_checkpoints=False (throughput runs)
     log.jsonl     one JSON object per logged iteration, per evaluation and per HellaSwag score (runlog.py)
     summary.json  parameters, FLOPs, final losses, speed, peak memory and wall time of the run (all its
                   processes, when it was resumed)
@@ -277,6 +277,10 @@ def announce(run, n_tokens):
         for stale in run.out_dir.glob(CHECKPOINT_NAME + ".*.tmp"):  # left by a crash while saving
             stale.unlink(missing_ok=True)
     run.keeps_earlier_run = finds_earlier_run(run)
+    if run.keeps_earlier_run and not run.c["save_checkpoints"]:  # a resume that saves nothing is refused earlier
+        distributed.refuse(str, f"{run.out_dir / CHECKPOINT_NAME} is an earlier run's, and with save_checkpoints=False "
+                           f"this run would write its log and summary beside it and no checkpoint of its own: give "
+                           f"an --out_dir without one", error=ConfigError)
     if run.keeps_earlier_run and run.c["init_from"] == "resume":
         run.say(f"note: {run.out_dir / CHECKPOINT_NAME} is another run's than the shards this run continues (a stop "
                 f"cut their first save short); this run replaces it, its log and its summary at its first save")
@@ -541,6 +545,10 @@ def stop_on_signal(run, signals):
     """Save a checkpoint to resume from, unless that would replace an earlier run's before this run has
     saved once: a Ctrl-C meant to stop a command that forgot --init_from=resume must not cost that run."""
     run.stop_reason = signals.received or ("closed stdout" if run.stdout_closed else "signal on another rank")
+    if not run.c["save_checkpoints"]:
+        run.say(f"received {run.stop_reason}: stopping at iteration {run.iter_num} (save_checkpoints=False: no "
+                f"checkpoint)")
+        return
     if run.keeps_earlier_run:
         run.say(f"received {run.stop_reason}: stopping at iteration {run.iter_num} without a checkpoint, as this run "
                 f"has not saved yet and {run.out_dir / CHECKPOINT_NAME} is an earlier run's, kept as it was")
@@ -638,7 +646,8 @@ def evaluate(run):
     owed = run.iter_num == run.start_iter > 0 and not run.evaluated_at_start and not run.c["eval_only"]
     # best_val_loss is that of a checkpoint: the evaluation of a fresh run's initial (or pretrained) weights,
     # which is not saved, sets none, or with always_save_checkpoint=False nothing worse would be saved after it
-    if owed or (run.iter_num > run.start_iter and (improved or run.c["always_save_checkpoint"])):
+    saves = owed or (run.iter_num > run.start_iter and (improved or run.c["always_save_checkpoint"]))
+    if saves and run.c["save_checkpoints"]:
         run.best_val_loss = min(run.best_val_loss, losses["val"])
         save(run, "evaluation", evaluated=True)
 

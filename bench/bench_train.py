@@ -26,9 +26,8 @@ not fit) goes to every train.py run, after the config.
 
 The data is a temporary folder of random GPT-2-range token ids. The learning rate is 0: AdamW does
 all its arithmetic as with any other rate, so a step costs the same, but the weights do not move and
-the final evaluation equals the first. It still writes a checkpoint (the first evaluation, of weights
-that are never saved, sets no best val loss to beat); a 1B model's, with its AdamW state, is ~15 GB,
-so it is removed as soon as its run ends.
+the final evaluation equals the first. No run writes a checkpoint (save_checkpoints=False): a 1B
+model's, with its AdamW state, is ~15 GB.
 """
 
 import argparse
@@ -87,7 +86,7 @@ def write_random_data(folder, block_size, seed=0):
 def train_command(config, parallelism, out_dir, data_dir, args):
     """The train.py command line of one run: the config, then the bench's settings, then the user's."""
     bench = [f"--out_dir={out_dir}", f"--data_dir={data_dir}", f"--max_iters={args.iters}",
-             f"--eval_interval={args.iters}", "--eval_iters=1", "--always_save_checkpoint=False",
+             f"--eval_interval={args.iters}", "--eval_iters=1", "--save_checkpoints=False",
              "--log_interval=1", "--hellaswag_interval=0", "--wandb_log=False", "--learning_rate=0.0", "--min_lr=0.0",
              f"--gradient_accumulation_steps={args.gradient_accumulation_steps}"]
     launcher, settings = PARALLELISMS[parallelism]
@@ -99,7 +98,7 @@ def run_train(command, log_path, timeout):
     its output goes to log_path. Returns None on success, else the reason as one line. The run
     never outlives the benchmark: a SIGTERM or Ctrl-C to it kills the run's process group first, and
     were it killed outright, the kernel kills the run (a 1B training left behind would hold the GPU
-    through the next benchmark, and save a checkpoint of ~15 GB when stopped)."""
+    through the next benchmark)."""
     with open(log_path, "w") as log, sigterm_as_ctrl_c():
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                    env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=die_with_parent)
@@ -115,8 +114,8 @@ def run_train(command, log_path, timeout):
 
 
 def kill_group(process):
-    """SIGKILL a run: first the training processes a launcher started (each in a session of its own),
-    which its death would send SIGTERM, on which they save a checkpoint; then the launcher's group."""
+    """SIGKILL a run, hung or not: first the training processes a launcher started (each in a session of
+    its own; the launcher's death would only SIGTERM them), then the launcher's group."""
     for pid in child_pids(process.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -170,16 +169,8 @@ def bench_one(config, parallelism, scratch, args):
         row["tokens_per_s"], row["mfu"], summary = measure(out_dir, args.warmup_steps)
         row.update(params=summary["n_params"], peak_memory=summary["peak_memory_bytes"],
                    wall_s=summary["wall_time_s"], world_size=summary["world_size"])
-    remove_checkpoints(out_dir)
     print(table_row(row, args.budget_tokens), flush=True)  # now, in case a later run outlives its job
     return row
-
-
-def remove_checkpoints(out_dir):
-    """The run's final evaluation saved one (see the docstring): a 1B model's would fill the disk before
-    later runs."""
-    (out_dir / "ckpt.pt").unlink(missing_ok=True)
-    shutil.rmtree(out_dir / "ckpt_sharded", ignore_errors=True)
 
 
 # -----------------------------------------------------------------------------

@@ -524,7 +524,7 @@ def test_an_out_dir_under_a_file_is_refused_before_the_plan(tiny_run, capsys):
     assert a_file.read_text() == "x"
 
 
-def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run, capsys):
+def test_a_hellaswag_file_that_cannot_be_scored_is_refused_before_anything_trains(tiny_run, capsys):
     config, out_dir = tiny_run
     bad, foreign = out_dir.parent / "hellaswag.jsonl", out_dir.parent / "foreign.jsonl"
     bad.write_text("{oops\n")
@@ -535,6 +535,13 @@ def test_an_unreadable_hellaswag_file_is_refused_before_anything_trains(tiny_run
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: --hellaswag_file: ") and path.name in err[0]
         assert not out_dir.exists()
+    good = out_dir.parent / "good.jsonl"
+    good.write_text(json.dumps({"ctx": "To be, or", "endings": [" not", " to", " be", " that"], "label": 0}) + "\n")
+    assert compare.main([str(config), f"--out_dir={out_dir}", f"--hellaswag_file={good}",
+                         "--save_checkpoints=False"]) == 1
+    assert capsys.readouterr().err == ("error: --hellaswag_file scores each run's checkpoint, and "
+                                       "save_checkpoints=False writes none: drop one or the other\n")
+    assert not out_dir.exists()
 
 
 @pytest.mark.parametrize("argv, message", [

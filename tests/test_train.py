@@ -1067,6 +1067,42 @@ def test_a_run_whose_loss_only_gets_worse_still_saves_its_best_checkpoint(tmp_pa
     assert [r["val_loss"] for r in read_log(tmp_path / "out") if r["type"] == "eval"] == [1.0, 5.0, 6.0]
 
 
+def test_save_checkpoints_false_trains_the_same_run_and_writes_no_checkpoint(tmp_path, data_dir, monkeypatch, capsys):
+    """A throughput run: the same losses as a run that saves, its log and summary, and no checkpoint
+    even when a signal stops it (a save there would cost a 1B model's ~15 GB)."""
+    saved = T.train(tiny(tmp_path / "saved", data_dir), verbose=False)
+    unsaved = T.train(tiny(tmp_path / "unsaved", data_dir, save_checkpoints=False), verbose=False)
+    out = tmp_path / "unsaved" / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["log.jsonl", "summary.json", "train.lock"]
+    assert [r for r in read_log(out) if r["type"] == "eval"] == [
+        {**r, "elapsed_s": e["elapsed_s"]} for r, e in zip(read_log(tmp_path / "saved" / "out"), read_log(out))
+        if r["type"] == "eval"]
+    assert unsaved["final_val_loss"] == saved["final_val_loss"] and unsaved["stop_reason"] == "max_iters"
+    assert unsaved["best_val_loss"] is None  # the best of its checkpoints, of which there are none
+    send_signal_during_iteration(monkeypatch, 5)
+    stopped = T.train(tiny(tmp_path / "stopped", data_dir, save_checkpoints=False))
+    assert stopped["stop_reason"] == "SIGINT" and stopped["iterations"] == 6
+    assert not (tmp_path / "stopped" / "out" / CHECKPOINT_NAME).exists()
+    assert "received SIGINT: stopping at iteration 6 (save_checkpoints=False: no checkpoint)" in capsys.readouterr().out
+
+
+def test_save_checkpoints_false_refuses_to_resume_or_to_write_beside_an_earlier_run(tmp_path, data_dir):
+    cfg = tiny(tmp_path, data_dir, max_iters=4)
+    T.train(cfg, verbose=False)
+    out = tmp_path / "out"
+    earlier = {path.name: path.read_bytes() for path in out.iterdir()}
+    with pytest.raises(T.ConfigError, match="a resume that saves nothing leaves its checkpoint behind its log and "
+                                            "summary: resume with save_checkpoints=True"):
+        T.train({**cfg, "init_from": "resume", "max_iters": 8, "save_checkpoints": False}, verbose=False)
+    with pytest.raises(T.ConfigError, match=f"{out / CHECKPOINT_NAME} is an earlier run's, and with "
+                                            f"save_checkpoints=False .* give an --out_dir without one"):
+        T.train({**cfg, "save_checkpoints": False}, verbose=False)
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == earlier
+    # evaluating the checkpoint writes nothing either way
+    assert T.train({**cfg, "init_from": "resume", "eval_only": True, "save_checkpoints": False},
+                   verbose=False)["stop_reason"] == "eval_only"
+
+
 def test_a_resume_takes_betas_and_weight_decay_from_its_config(tmp_path, data_dir):
     """The moments come from the checkpoint, the hyperparameters from the config, as the learning rate does."""
     c = tiny(tmp_path, data_dir, max_iters=4, weight_decay=0.1, beta1=0.9, beta2=0.99)
