@@ -12,6 +12,7 @@ runs a GradScaler, which this step leaves out). Timings are taken round-robin (o
 step of each model in turn), so a change in machine load hits all of them alike and the ratios stay
 fair; the median step is reported. MFU is against the GPU's dense bf16 peak (runtime.py) on a known
 GPU, else against a matmul peak measured here, in the dtype of the run.
+A batch size that runs out of GPU memory is reported as such and skipped; the others are measured.
 
 --nanogpt_dir adds NanoGPT's model.py (standard attention, its own code) as the first row, built
 with the same shape, vocabulary, dropout (0) and biases, and run with the same dtype and compile
@@ -233,7 +234,11 @@ def main():
         shape = SHAPES[name]
         rows = []
         for batch in args.batch_sizes:
-            batch_rows, profiles = bench(shape, batch, args, nanogpt, peak)
+            try:
+                batch_rows, profiles = bench(shape, batch, args, nanogpt, peak)
+            except torch.OutOfMemoryError as e:  # the batch sizes that fit keep their rows
+                print(f"# {name} batch {batch}: out of memory, not measured ({str(e).splitlines()[0]})", flush=True)
+                continue
             print_progress(name, batch_rows)
             if profiles:
                 print_profile(f"where the step's time goes: {name}, batch {batch}", "step", profiles)

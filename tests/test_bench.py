@@ -276,6 +276,32 @@ def test_bench_model_prints_each_batch_size_before_the_next_starts(monkeypatch, 
     assert "# tiny batch 2 standard: " in capsys.readouterr().out
 
 
+def test_bench_model_reports_a_batch_size_that_runs_out_of_memory_and_measures_the_others(monkeypatch, capsys):
+    monkeypatch.setitem(bench_model.SHAPES, "tiny", dict(n_layer=1, n_head=2, n_embd=16, block_size=8))
+    monkeypatch.setattr(bench_model, "measure_matmul_peak", lambda device, dtype: 1e11)
+    make_step = bench_model.make_step
+
+    def make_step_that_fits_2(model, batch, args):
+        if batch <= 2:
+            return make_step(model, batch, args)
+
+        def step():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB\nmore detail")
+        return step
+
+    monkeypatch.setattr(bench_model, "make_step", make_step_that_fits_2)
+    monkeypatch.setattr(sys, "argv", ["bench_model.py", "--shapes=tiny", "--batch_sizes=1,4,2", "--repeats=1",
+                                      "--vocab_size=64", "--variants", "standard", "efficient"])
+    bench_model.main()
+    out = capsys.readouterr().out
+    assert "# tiny batch 4: out of memory, not measured (CUDA out of memory. Tried to allocate 12.00 GiB)\n" in out
+    table = out[out.index("### tiny"):]
+    measured = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| standard")
+                or line.startswith("| efficient")]
+    assert [(name.strip(), int(batch)) for name, batch in measured] == [
+        ("standard", 1), ("efficient", 1), ("standard", 2), ("efficient", 2)]
+
+
 def record_time_tables(monkeypatch):
     """The {column: {row: ms}} of every time table the benchmarks print, as they print them."""
     tables, print_table = [], profiling.print_time_table
