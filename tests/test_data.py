@@ -1,12 +1,12 @@
 """data.py's batches: each target is the token that follows its input, and the offsets reach every
-window of the file and none past its end. The data contract's edges: odd-sized token files, ids at
-the vocabulary size, the model's vocabulary. (Its other checks are tested through train.py, in
-tests/test_train.py.)"""
+window of the file and none past its end. The data contract's edges: ids at the vocabulary size,
+token counts, the model's vocabulary, a resume on other characters. (Its other checks are tested
+through train.py, in tests/test_train.py.)"""
 import numpy as np
 import pytest
 import torch
 
-from data import Batches, DataError, check_data, choose_vocab_size
+from data import Batches, DataError, check_data, check_same_tokens, choose_vocab_size
 from tokenizer import TOKEN_DTYPE, write_meta
 
 
@@ -48,7 +48,8 @@ def test_ids_above_int16s_range_come_back_as_written(tmp_path):
 def test_offsets_reach_every_window_and_none_past_the_end(tmp_path, n_windows):
     """A file of T + n tokens holds n windows of T inputs and T targets, starting at 0 .. n - 1."""
     T = 8
-    batches = Batches(counting_tokens(tmp_path, T + n_windows), block_size=T, batch_size=16, device="cpu")
+    batches = Batches(counting_tokens(tmp_path, T + n_windows), block_size=T, batch_size=16,
+                      device="cpu")
     offsets = batches.offsets(4, torch.Generator().manual_seed(0))
     assert set(offsets.flatten().tolist()) == set(range(n_windows))
     for ix in offsets:
@@ -56,53 +57,34 @@ def test_offsets_reach_every_window_and_none_past_the_end(tmp_path, n_windows):
         assert x.shape == y.shape == (16, T)
 
 
-def write_char_data(d, train_ids, val_ids, vocab_size=40):
-    """A char-level dataset in folder d: its two token files and the meta.json that counts them; returns d."""
+def write_data(d, train_ids, val_ids, tokenizer="char", vocab_size=40):
+    """A dataset in folder d: its two token files and the meta.json that counts them; returns d."""
     d.mkdir(parents=True, exist_ok=True)
     np.asarray(train_ids, dtype=TOKEN_DTYPE).tofile(d / "train.bin")
     np.asarray(val_ids, dtype=TOKEN_DTYPE).tofile(d / "val.bin")
     chars = "".join(chr(33 + i) for i in range(vocab_size))
-    write_meta(d, {"tokenizer": "char", "vocab_size": vocab_size, "chars": chars,
+    chars = {"chars": chars} if tokenizer == "char" else {}
+    write_meta(d, {"tokenizer": tokenizer, "vocab_size": vocab_size, **chars,
                    "tokens": {"train": len(train_ids), "val": len(val_ids)}})
     return d
 
 
 def test_the_largest_id_of_either_split_is_the_one_the_model_must_fit(tmp_path):
-    d = write_char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 30, vocab_size=40)
+    d = write_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 30, vocab_size=40)
     meta, n_tokens, max_token = check_data(d, block_size=8)
     assert (meta["vocab_size"], n_tokens, max_token) == (40, {"train": 50, "val": 50}, 29)
-
-
-def bpe_data(d, train_ids, val_ids, vocab_size=50257):
-    d.mkdir(parents=True, exist_ok=True)
-    np.asarray(train_ids, dtype=TOKEN_DTYPE).tofile(d / "train.bin")
-    np.asarray(val_ids, dtype=TOKEN_DTYPE).tofile(d / "val.bin")
-    write_meta(d, {"tokenizer": "gpt2", "vocab_size": vocab_size,
-                   "tokens": {"train": len(train_ids), "val": len(val_ids)}})
-    return d
-
-
-def test_the_largest_id_is_found_above_int16s_range(tmp_path):
-    """BPE ids from 32768 up are large, not negative: the largest is found, and one past the vocabulary refused."""
-    ids = np.arange(50) + 262
+    ids = np.arange(50) + 262  # BPE ids from 32768 up are large, not negative
     ids[7] = 50256
-    assert check_data(bpe_data(tmp_path / "fits", ids, ids[::-1].copy()), block_size=8)[2] == 50256
-    ids[7] = 50300
-    with pytest.raises(DataError, match="holds token id 50300, but its meta.json says vocab_size=50257"):
-        check_data(bpe_data(tmp_path / "past", ids, ids[::-1].copy()), block_size=8)
+    assert check_data(write_data(tmp_path / "bpe", ids, ids[::-1], "gpt2", 50257), 8)[2] == 50256
 
 
-def test_an_id_equal_to_the_vocab_size_is_outside_it(tmp_path):
-    d = write_char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 41, vocab_size=40)
+def test_data_that_meta_json_does_not_describe_is_refused(tmp_path):
+    d = write_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 41, vocab_size=40)
     with pytest.raises(DataError, match="holds token id 40, but its meta.json says vocab_size=40"):
-        check_data(d, block_size=8)
-
-
-def test_a_token_file_of_an_odd_number_of_bytes_is_not_uint16_tokens(tmp_path):
-    d = write_char_data(tmp_path / "data", np.arange(50) % 20, np.arange(50) % 20, vocab_size=40)
-    with open(d / "val.bin", "ab") as f:
+        check_data(d, block_size=8)  # an id equal to the vocabulary size is outside it
+    with open(d / "val.bin", "ab") as f:  # a byte more than meta.json counts: not its tokens
         f.write(b"\0")
-    with pytest.raises(DataError, match="val.bin has an odd number of bytes"):
+    with pytest.raises(DataError, match="val.bin holds 50 tokens and a byte, but meta.json says"):
         check_data(d, block_size=8)
 
 
@@ -110,11 +92,18 @@ def test_the_model_vocab_size_must_exceed_the_largest_id():
     meta = {"tokenizer": "char", "vocab_size": 40}
     assert choose_vocab_size({"init_from": "scratch", "vocab_size": 0}, meta, 39, "data") == 40
     assert choose_vocab_size({"init_from": "scratch", "vocab_size": 41}, meta, 40, "data") == 41
-    with pytest.raises(DataError, match="vocab_size=40 is too small .* so vocab_size must be at least 41"):
+    bpe = {"tokenizer": "gpt2", "vocab_size": 50257}
+    assert choose_vocab_size({"init_from": "scratch", "vocab_size": 0}, bpe, 50256, "d") == 50304
+    with pytest.raises(DataError, match="vocab_size=40 is too small .* must be at least 41"):
         choose_vocab_size({"init_from": "scratch", "vocab_size": 40}, meta, 40, "data")
-
-
-def test_gpt2_weights_need_gpt2_bpe_data():
-    meta = {"tokenizer": "char", "vocab_size": 40}
-    with pytest.raises(DataError, match="init_from='gpt2' needs GPT-2 BPE data, but data is char-level"):
+    with pytest.raises(DataError, match="init_from='gpt2' needs GPT-2 BPE data, but data is char"):
         choose_vocab_size({"init_from": "gpt2", "vocab_size": 0}, meta, 39, "data")
+
+
+def test_a_resume_needs_the_same_characters_in_the_same_order():
+    meta = {"tokenizer": "char", "chars": "abc"}
+    check_same_tokens(meta, dict(meta), "data", "out/ckpt.pt")  # the same: no error
+    check_same_tokens(None, meta, "data", "out/ckpt.pt")  # a checkpoint without meta
+    for other in ({"tokenizer": "char", "chars": "acb"}, {"tokenizer": "gpt2"}):
+        with pytest.raises(DataError, match="cannot resume from out/ckpt.pt: "):
+            check_same_tokens(meta, other, "data", "out/ckpt.pt")
