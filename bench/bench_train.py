@@ -1,33 +1,21 @@
 """
-Training throughput of any config through the real train.py, on random tokens: tokens/s, MFU, peak
-memory, and the GPU-days a token budget (default: the paper's 30B C4 tokens) would take at that speed,
-for each config and each way of running it.
+Training throughput of any config through the real train.py, on random tokens: tokens/s, MFU,
+peak memory, and the GPU-days a token budget (default: the paper's 30B C4 tokens) would take.
 
-    python bench/bench_train.py                               # the two 1B configs, plain and FSDP, on the GPU
+    python bench/bench_train.py                     # the two 1B configs, plain and FSDP, on a GPU
     python bench/bench_train.py config/train_gpt2.py --parallelisms=plain --batch_size=8
-    python bench/bench_train.py --smoke --iters=4 --warmup_steps=1  # a tiny model: a smoke run on a CPU
+    python bench/bench_train.py --smoke --iters=4 --warmup_steps=1   # a tiny model, on a CPU
 
-Each (config, parallelism) is one train.py process: 'plain' is `python train.py CONFIG`, 'fsdp' is
-`python train.py --standalone --nproc_per_node=1 CONFIG --parallelism=fsdp` (train.py's own torchrun
-launcher, one process; FSDP2 shards over that one process, so this measures its overhead and its
-memory, not any communication), 'ddp' the same launcher with the DDP wrapper. Every run trains
---iters iterations, logs each one, and evaluates on one batch only; tokens/s is an iteration's
-tokens over the mean time of the iterations after the first --warmup_steps (which pay for
-torch.compile), i.e. their tokens over their time, not a mean of per-step rates; MFU is what
-train.py logs (the model's own FLOP count over the GPU's dense bf16 peak, runtime.py; '-' where it
-logs none, as on a CPU), at that mean step time. A run that fails (e.g. out of GPU memory) gets its last error
-line in its row, and the next run goes on.
+Each (config, parallelism) is one train.py run: 'plain' is `python train.py CONFIG`; 'ddp' and
+'fsdp' run it under `torchrun --standalone --nproc_per_node=1` (one process: FSDP2's overhead and
+memory, no communication). tokens/s is an iteration's tokens over the mean time of the
+iterations after the first --warmup_steps (which pay for torch.compile); MFU is what train.py
+logs, at that mean time. A failed run gets its last error line in its row; the next one goes on.
+Any other --key=value goes to every train.py run, after the config.
 
---gradient_accumulation_steps is 1 by default: an iteration is then one micro-batch and one AdamW
-step, so the optimizer's cost weighs more per token than in the configs' own runs (64 micro-batches
-per step): tokens/s here is a slight underestimate of theirs, and raising it comes closer at the
-price of a longer run. Anything else written --key=value (e.g. --batch_size=2 for a run that does
-not fit) goes to every train.py run, after the config.
-
-The data is a temporary folder of random GPT-2-range token ids. The learning rate is 0: AdamW does
-all its arithmetic as with any other rate, so a step costs the same, but the weights do not move and
-the final evaluation equals the first. No run writes a checkpoint (save_checkpoints=False): a 1B
-model's, with its AdamW state, is ~15 GB.
+Details: the learning rate is 0 (a step costs the same, the weights do not move); no run writes
+a checkpoint (a 1B model's is ~15 GB); with --gradient_accumulation_steps=1 every micro-batch
+pays a whole AdamW step, so tokens/s slightly underestimates the configs' own runs.
 """
 
 import argparse
@@ -51,21 +39,22 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the repo's modules, from bench/
 from checkpoint import LOG_NAME, SUMMARY_NAME
 from configurator import ConfigError, get_config, resolve_config
-from launcher import child_pids
 from machine import header
 from runtime import resolve_device, sigterm_as_ctrl_c
 from tokenizer import GPT2_VOCAB_SIZE, write_meta, write_tokens_atomically
 
 DEFAULT_CONFIGS = ["config/train_llama1b_efficient_c4.py", "config/train_tinyllama_standard_c4.py"]
-LAUNCHED = ["--standalone", "--nproc_per_node=1"]  # train.py's own torchrun, one process
-# each way of running: (launcher options, which go before the config; settings, which go after it)
-PARALLELISMS = {"plain": ([], []), "ddp": (LAUNCHED, ["--parallelism=ddp"]), "fsdp": (LAUNCHED, ["--parallelism=fsdp"])}
-# the model shrunk to run in seconds on a CPU (n_embd 64: TinyLlama's 32 heads keep an even d_k for RoPE)
-SMOKE = ["--n_layer=1", "--n_embd=64", "--intermediate_size=128", "--block_size=32", "--batch_size=2",
-         "--compile=False"]
-OWN_KEYS = ("out_dir", "data_dir", "max_iters", "init_from", "parallelism", "learning_rate", "min_lr")  # set here
-SECONDS_PER_DAY = 86400
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+# each way of running: (what runs train.py, the setting after the config)
+PARALLELISMS = {"plain": ([], []), "ddp": (TORCHRUN, ["--parallelism=ddp"]),
+                "fsdp": (TORCHRUN, ["--parallelism=fsdp"])}
+# the model shrunk to run in seconds on a CPU (n_embd 64: TinyLlama's 32 heads keep an even d_k)
+SMOKE = ["--n_layer=1", "--n_embd=64", "--intermediate_size=128", "--block_size=32",
+         "--batch_size=2", "--compile=False"]
+OWN_KEYS = ("out_dir", "data_dir", "max_iters", "init_from", "parallelism", "learning_rate",
+            "min_lr")  # set here
 FAILED_RUN_LINES = 25  # of a failed run's output, printed before its row
+# an exception's line or train.py's "error: ..." (torchrun's workers prefix theirs "[rank0]: ")
 ERROR_LINE = re.compile(r"^(?:\[[^\]]*\]:\s*)?((?:[\w.]+(?:Error|Exception)|error): .*)$")
 
 
@@ -73,7 +62,7 @@ ERROR_LINE = re.compile(r"^(?:\[[^\]]*\]:\s*)?((?:[\w.]+(?:Error|Exception)|erro
 # the runs
 
 def write_random_data(folder, block_size, seed=0):
-    """train.bin and val.bin of random GPT-2 token ids, enough windows of block_size, and meta.json."""
+    """train.bin and val.bin of random GPT-2 token ids, and meta.json."""
     folder.mkdir(parents=True, exist_ok=True)
     ids = np.random.default_rng(seed).integers(0, GPT2_VOCAB_SIZE, 65 * (block_size + 1))
     split = 64 * (block_size + 1)  # evaluation reads one batch of val
@@ -84,24 +73,26 @@ def write_random_data(folder, block_size, seed=0):
 
 
 def train_command(config, parallelism, out_dir, data_dir, args):
-    """The train.py command line of one run: the config, then the bench's settings, then the user's."""
+    """One run's command line: the config, then the bench's settings, then the user's."""
     bench = [f"--out_dir={out_dir}", f"--data_dir={data_dir}", f"--max_iters={args.iters}",
              f"--eval_interval={args.iters}", "--eval_iters=1", "--save_checkpoints=False",
-             "--log_interval=1", "--hellaswag_interval=0", "--wandb_log=False", "--learning_rate=0.0", "--min_lr=0.0",
+             "--log_interval=1", "--hellaswag_interval=0", "--wandb_log=False",
+             "--learning_rate=0.0", "--min_lr=0.0",
              f"--gradient_accumulation_steps={args.gradient_accumulation_steps}"]
-    launcher, settings = PARALLELISMS[parallelism]
-    return [sys.executable, str(REPO / "train.py"), *launcher, config, *settings, *bench, *args.overrides]
+    torchrun, settings = PARALLELISMS[parallelism]
+    train = str(REPO / "train.py")
+    return [sys.executable, *torchrun, train, config, *settings, *bench, *args.overrides]
 
 
 def run_train(command, log_path, timeout):
-    """Run one train.py to its end (or kill its whole process group after `timeout` seconds);
-    its output goes to log_path. Returns None on success, else the reason as one line. The run
-    never outlives the benchmark: a SIGTERM or Ctrl-C to it kills the run's process group first, and
-    were it killed outright, the kernel kills the run (a 1B training left behind would hold the GPU
-    through the next benchmark)."""
+    """Run one train.py to its end, or kill it after `timeout` seconds; its output to log_path.
+    Returns None on success, else the reason as one line. The run never outlives the benchmark (a
+    1B training left behind would hold the GPU): Ctrl-C or SIGTERM kills it first, and were the
+    benchmark killed outright, the kernel kills the run."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log, sigterm_as_ctrl_c():
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=die_with_parent)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True, preexec_fn=die_with_parent)
         try:
             code = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -113,34 +104,39 @@ def run_train(command, log_path, timeout):
     return None if code == 0 else f"exit code {code}: {last_error_line(log_path)}"
 
 
+def children(pid):
+    """The pids of a process's children (Linux's /proc; elsewhere none)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+
 def kill_group(process):
-    """SIGKILL a run, hung or not: first the training processes a launcher started (each in a session of
-    its own; the launcher's death would only SIGTERM them), then the launcher's group."""
-    for pid in child_pids(process.pid):
+    """SIGKILL a run, hung or not: first the groups of torchrun's workers (each starts a session
+    of its own, which a signal to torchrun's group misses), then the run's group."""
+    for pid in children(process.pid):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
 
 
 def die_with_parent():
-    """In a run's process before it starts: the kernel SIGKILLs it when the benchmark dies, even by
-    SIGKILL (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
+    """In a run's process before it starts: the kernel SIGKILLs it when the benchmark dies, even
+    by SIGKILL (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def last_error_line(log_path):
-    """The most telling line of a failed run's output: its last exception or 'error:' line (without a
-    "[rank0]:" prefix) other than the launcher's "a training process failed", else its last line."""
-    lines = [line.strip() for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()]
-    matches = [m.group(1) for m in map(ERROR_LINE.match, lines) if m]
-    errors = [line for line in matches if "a training process failed" not in line]
+    """A failed run's last exception or 'error:' line, else its last line."""
+    text = Path(log_path).read_text(errors="replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [m.group(1) for m in map(ERROR_LINE.match, lines) if m]
     return (errors or lines or ["(no output)"])[-1]
 
 
 def measure(out_dir, warmup_steps):
-    """(tokens/s, MFU or None) over the logged iterations after the first warmup_steps, and the summary."""
+    """(tokens/s, MFU or None) over the iterations past the first warmup_steps, and the summary."""
     summary = json.loads((out_dir / SUMMARY_NAME).read_text())
     records = [json.loads(line) for line in (out_dir / LOG_NAME).read_text().splitlines()]
     timed = [r for r in records if r["type"] == "train" and r["iter"] > warmup_steps]
@@ -154,22 +150,21 @@ def measure(out_dir, warmup_steps):
 def bench_one(config, parallelism, scratch, args):
     """One table row (a dict) for one config run one way."""
     name = f"{Path(config).stem}-{parallelism}"
-    out_dir = scratch / name
-    command = train_command(config, parallelism, out_dir, scratch / "data", args)
+    command = train_command(config, parallelism, scratch / name, scratch / "data", args)
     print(f"\n$ {shlex.join(command)}", flush=True)
-    resolved = args.resolved[config]
+    c = args.resolved[config]
     row = {"config": config, "parallelism": parallelism,
-           "shape": f"{resolved['batch_size']} x {resolved['block_size']}"}
+           "shape": f"{c['batch_size']} x {c['block_size']}"}
     log_path = scratch / f"{name}.log"
     row["error"] = run_train(command, log_path, args.timeout)
-    if row["error"] is not None:  # the end of its output, which the scratch folder takes away with it
-        tail = Path(log_path).read_text(errors="replace").splitlines()[-FAILED_RUN_LINES:]
+    if row["error"] is not None:  # the end of its output, which the scratch folder takes away
+        tail = log_path.read_text(errors="replace").splitlines()[-FAILED_RUN_LINES:]
         print("\n".join(f"  | {line}" for line in tail), flush=True)
     else:
-        row["tokens_per_s"], row["mfu"], summary = measure(out_dir, args.warmup_steps)
+        row["tokens_per_s"], row["mfu"], summary = measure(scratch / name, args.warmup_steps)
         row.update(params=summary["n_params"], peak_memory=summary["peak_memory_bytes"],
                    wall_s=summary["wall_time_s"], world_size=summary["world_size"])
-    print(table_row(row, args.budget_tokens), flush=True)  # now, in case a later run outlives its job
+    print(table_row(row, args.budget_tokens), flush=True)  # in case a later run outlives the job
     return row
 
 
@@ -177,66 +172,71 @@ def bench_one(config, parallelism, scratch, args):
 # the table
 
 def table_header(args):
-    device_days = "GPU-days" if args.device == "cuda" else "device-days"
-    return (f"| config | parallelism | params | micro-batch x context | tokens/s | MFU | peak memory GiB "
-            f"| {device_days} for {args.budget_tokens:.3g} tokens | wall s | note |\n"
+    days = "GPU-days" if args.device == "cuda" else "device-days"
+    return ("| config | parallelism | params | micro-batch x context | tokens/s | MFU "
+            f"| peak memory GiB | {days} for {args.budget_tokens:.3g} tokens | wall s | note |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
 
 
 def table_row(row, budget_tokens):
+    start = f"| {row['config']} | {row['parallelism']}"
     if row["error"]:
         note = row["error"].replace("|", "\\|")[:300]
-        return f"| {row['config']} | {row['parallelism']} | - | {row['shape']} | - | - | - | - | - | failed: {note} |"
-    days = budget_tokens / (row["tokens_per_s"] / row["world_size"]) / SECONDS_PER_DAY
+        return f"{start} | - | {row['shape']} | - | - | - | - | - | failed: {note} |"
+    days = budget_tokens / (row["tokens_per_s"] / row["world_size"]) / 86400
     mfu = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
-    return (f"| {row['config']} | {row['parallelism']} | {row['params']:,} | {row['shape']} "
-            f"| {row['tokens_per_s']:,.0f} | {mfu} | {row['peak_memory'] / 2**30:.2f} | {days:,.1f} "
-            f"| {row['wall_s']:.0f} | |")
+    return (f"{start} | {row['params']:,} | {row['shape']} | {row['tokens_per_s']:,.0f} | {mfu} "
+            f"| {row['peak_memory'] / 2**30:.2f} | {days:,.1f} | {row['wall_s']:.0f} | |")
 
 
 # -----------------------------------------------------------------------------
 
 def parse_args(argv=None):
     # no abbreviations: what is not ours is a train.py setting (--seed is not --seeds)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                    allow_abbrev=False)
-    parser.add_argument("configs", nargs="*", help="train.py config files (default: the two 1B configs, for a GPU)")
-    parser.add_argument("--parallelisms", default="plain,fsdp", help=f"comma-separated among {', '.join(PARALLELISMS)}")
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("configs", nargs="*", help="train.py configs (default: the two 1B ones)")
+    parser.add_argument("--parallelisms", default="plain,fsdp",
+                        help=f"comma-separated among {', '.join(PARALLELISMS)}")
     parser.add_argument("--iters", type=int, default=30, help="training iterations per run")
-    parser.add_argument("--warmup_steps", type=int, default=5, help="first iterations left out of tokens/s (compile)")
-    parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per iteration")
-    parser.add_argument("--budget_tokens", type=float, default=30e9, help="tokens of the GPU-days column")
-    parser.add_argument("--timeout", type=int, default=600, help="seconds before a run is stopped and reported")
-    parser.add_argument("--smoke", action="store_true", help="shrink the model to run in seconds on a CPU: "
-                        + " ".join(SMOKE))
-    parser.add_argument("--work_dir", default="", help="keep the data, each run's output and logs here "
-                        "(default: a temporary folder, removed at the end)")
+    parser.add_argument("--warmup_steps", type=int, default=5,
+                        help="first iterations left out of tokens/s (compilation)")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    parser.add_argument("--budget_tokens", type=float, default=30e9,
+                        help="tokens of the GPU-days column")
+    parser.add_argument("--timeout", type=int, default=600,
+                        help="seconds before a run is stopped and reported")
+    parser.add_argument("--smoke", action="store_true",
+                        help="shrink the model to run in seconds on a CPU: " + " ".join(SMOKE))
+    parser.add_argument("--work_dir", default="",
+                        help="keep the data and the runs' output here (default: a temp folder)")
     args, overrides = parser.parse_known_args(argv)
-    args.parallelisms = [p.strip() for p in args.parallelisms.split(",") if p.strip()]
-    if not args.parallelisms or set(args.parallelisms) - set(PARALLELISMS):
-        parser.error(f"--parallelisms={','.join(args.parallelisms)}: choose among {', '.join(PARALLELISMS)}")
-    if not 0 <= args.warmup_steps < args.iters or args.gradient_accumulation_steps < 1:
-        parser.error("need 0 <= --warmup_steps < --iters and --gradient_accumulation_steps >= 1")
-    if args.timeout < 1 or not args.budget_tokens > 0:
-        parser.error("--timeout must be at least 1 second and --budget_tokens positive")
+    args.parallelisms = args.parallelisms.split(",")
+    if set(args.parallelisms) - set(PARALLELISMS):
+        parser.error(f"--parallelisms: choose among {', '.join(PARALLELISMS)}")
+    if not (0 <= args.warmup_steps < args.iters and args.gradient_accumulation_steps >= 1
+            and args.timeout >= 1 and args.budget_tokens > 0):
+        parser.error("need 0 <= --warmup_steps < --iters, --gradient_accumulation_steps >= 1, "
+                     "--timeout >= 1 and --budget_tokens > 0")
     for override in overrides:
-        key = override[2:].split("=", 1)[0]
-        if not override.startswith("--") or "=" not in override or key in OWN_KEYS:
-            parser.error(f"{override!r}: pass train.py settings as --key=value, other than {', '.join(OWN_KEYS)}")
+        if not override.startswith("--") or "=" not in override or \
+                override[2:].split("=")[0] in OWN_KEYS:
+            parser.error(f"{override!r}: pass train.py settings as --key=value, "
+                         f"other than {', '.join(OWN_KEYS)}")
     if not args.configs and not args.smoke and not torch.cuda.is_available():
-        parser.error("the default configs are 1B models, for a GPU, and CUDA is not available here: add --smoke to "
-                     "run them shrunk on this CPU, or name a config")
+        parser.error("the default configs are 1B models and CUDA is not available here: "
+                     "add --smoke to run them shrunk, or name a config")
     args.configs = args.configs or DEFAULT_CONFIGS
     args.overrides = (SMOKE if args.smoke else []) + overrides
     args.resolved = {config: resolved(parser, config, args.overrides) for config in args.configs}
-    # where the runs train (--device=cpu on a GPU machine too): the header's machine and the days' unit
+    # where the runs train (maybe --device=cpu on a GPU machine): the header's machine, days' unit
     devices = {resolve_device(c["device"]).split(":")[0] for c in args.resolved.values()}
     args.device = devices.pop() if len(devices) == 1 else "cpu"
     return args
 
 
 def resolved(parser, config, overrides):
-    """The config as train.py will see it (batch and context for the table), checked before anything runs."""
+    """The config as train.py will see it, checked before anything runs."""
     try:
         return resolve_config(get_config([config, *overrides]))
     except ConfigError as e:
@@ -247,15 +247,16 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     print(header("bench_train.py", argv, args.device))
-    print(f"# {args.iters} iterations per run of {args.gradient_accumulation_steps} micro-batch(es); tokens/s and "
-          f"MFU over iterations {args.warmup_steps + 1}-{args.iters} (the first {args.warmup_steps} warm up: "
-          f"torch.compile, where on, and the allocator)", flush=True)
+    timed = f"{args.warmup_steps + 1}-{args.iters}"
+    print(f"# {args.iters} iterations per run, {args.gradient_accumulation_steps} micro-batch(es) "
+          f"each; tokens/s and MFU over iterations {timed}", flush=True)
     scratch = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_train-")).resolve()
     try:
         write_random_data(scratch / "data", max(c["block_size"] for c in args.resolved.values()))
-        rows = [bench_one(config, p, scratch, args) for config in args.configs for p in args.parallelisms]
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run in progress was killed with its processes
-        print("stopped: the run in progress was killed; the rows above are the runs that finished", flush=True)
+        rows = [bench_one(config, p, scratch, args)
+                for config in args.configs for p in args.parallelisms]
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run in progress was killed
+        print("stopped: the run in progress was killed; the rows above are the runs that finished")
         return 130
     finally:
         if not args.work_dir:
