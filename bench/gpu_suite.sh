@@ -1,47 +1,38 @@
 #!/usr/bin/env bash
-# Every GPU figure docs/gpu.md promises, in stages that each fit one short job on one GPU:
+# The GPU figures of docs/gpu.md, in stages that each fit one short job on one GPU:
 #
-#   bench/gpu_suite.sh [--log_dir=DIR] STAGE [STAGE ...]      # or: LOG_DIR=DIR bench/gpu_suite.sh STAGE
+#   bench/gpu_suite.sh [--log_dir=DIR] STAGE [STAGE ...]       # STAGE: one below, or all
 #
-# Stages (docs/gpu.md, "Benchmarks on a GPU", says what each measures and how long it is expected to take):
-#   tests                the CUDA tests, tests/test_gpu.py (on a CPU too: they skip, saying why)
-#   sample               batch-1 sampling at 124M: no cache, KV cache, compiled (CUDA graphs), and a profile
-#   step, step_large     the compiled bf16 train step of the four variants at 124M, batch 12,16 / 32,64,
-#                        against NanoGPT's model.py when NANOGPT_DIR is set
-#   step_eager           the same without torch.compile, batch 12
-#   step_profile         the compiled step at batch 12 again, then each model's time by GPU kernel (--profile)
-#   shakespeare_a, _b    compare.py on config/train_shakespeare_char.py: standard and optimized, then
-#                        efficient and super (and the table of all four once both halves are done)
-#   nanogpt_shakespeare  NanoGPT's own train.py on its config/train_shakespeare_char.py: best val loss, wall time
-#   llama, tinyllama     bench/bench_train.py on the 1B configs, plain and FSDP in one process
-#                        (llama: config/train_llama1b_efficient_c4.py and the attention-kernel comparison;
-#                        tinyllama: config/train_tinyllama_standard_c4.py)
-#   resume               torchrun --nproc_per_node=1 runs (DDP over NCCL, then FSDP) resumed with more iterations
-#   all                  every stage above, in that order
+#   tests                tests/test_gpu.py (on a CPU too: they skip, saying why)
+#   sample               batch-1 sampling at 124M: no cache, KV cache, compiled, with a profile
+#   step, step_large     the compiled bf16 train step at 124M, batch 12,16 / 32,64 (NanoGPT's too
+#                        when NANOGPT_DIR is set)
+#   step_profile         the step at batch 12, then each model's time by GPU kernel
+#   step_eager           the step without torch.compile, batch 12
+#   shakespeare_a, _b    compare.py on config/train_shakespeare_char.py, two variants each
+#   nanogpt_shakespeare  NanoGPT's own train.py on the same config: best val loss, wall time
+#   llama, tinyllama     bench/bench_train.py on a 1B config, plain and FSDP (llama: the SDPA
+#                        kernels of one head of 3072 too)
+#   resume               torchrun runs (DDP over NCCL, then FSDP) resumed with more iterations
 #
-# Each stage writes its whole output to LOG_DIR/<stage>.log (default ./out-gpu-logs), after the machine
-# (nvidia-smi, torch, CUDA) and before each command the command itself. A stage stops at its first
-# failing command; the stages after it still run, and the suite exits 1 naming the ones that failed.
-# STAGE_TIMEOUT=SECONDS stops a stage that runs longer (SIGTERM to its commands, SIGKILL 30 s later),
-# so that one slow stage leaves time for the next ones of a job with a time limit.
-# What every requested stage needs is checked before any runs. What the stages read:
-#   SHAKESPEARE_TXT   Tiny Shakespeare as a text file (shakespeare_a, shakespeare_b, nanogpt_shakespeare)
-#   NANOGPT_DIR       a checkout of https://github.com/karpathy/nanoGPT (nanogpt_shakespeare; step and
-#                     step_large add its model.py as a row when set)
-# No stage reads the GPT-2 BPE: the 1B benchmarks train on random token ids, the rest on characters.
+# Each stage writes its output to LOG_DIR/<stage>.log (default ./out-gpu-logs), after the machine
+# and the commit. A stage stops at its first failing command; the others still run, and the suite
+# exits 1 naming the failed ones. STAGE_TIMEOUT=SECONDS stops a stage that runs longer.
+# SHAKESPEARE_TXT is the Tiny Shakespeare text; NANOGPT_DIR a NanoGPT checkout.
 set -euo pipefail
 
-STAGES=(tests sample step step_profile step_large step_eager shakespeare_a shakespeare_b nanogpt_shakespeare llama tinyllama resume)
+STAGES=(tests sample step step_profile step_large step_eager shakespeare_a shakespeare_b
+  nanogpt_shakespeare llama tinyllama resume)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-SHAKESPEARE_OUT=out-compare-shakespeare-gpu  # compare.py's folder for both halves (out*/ is git-ignored)
+SHAKESPEARE_OUT=out-compare-shakespeare-gpu  # compare.py's folder for both halves
 RESUME_WORK=out-gpu-suite/resume
-RUN_TIMEOUT=${RUN_TIMEOUT:-240}  # seconds for each bench_train.py run before it is stopped and reported
+RUN_TIMEOUT=${RUN_TIMEOUT:-240}  # seconds for each bench_train.py run before it is stopped
 STAGE_TIMEOUT=${STAGE_TIMEOUT:-}  # seconds for each stage; none when empty
 SCRIPT=$(realpath -- "${BASH_SOURCE[0]}")
 export PYTHONUNBUFFERED=1
 
-# an image with only python3 on PATH (the one that holds torch) gets a `python` that runs it, for every
-# command below and the processes they start; a wrapper, not a link: a venv's python must be run by its path
+# an image with only python3 on PATH gets a `python` that runs it, for every command below; a
+# wrapper, not a link: a venv's python must be run by its path
 if ! command -v python >/dev/null && command -v python3 >/dev/null; then
   PYTHON_WRAPPER=$(mktemp -d)
   trap 'rm -rf "$PYTHON_WRAPPER"' EXIT  # subshells do not run it: only this script's end
@@ -80,9 +71,9 @@ need_shakespeare() {
 }
 
 need_nanogpt() {
-  [[ -n ${NANOGPT_DIR:-} ]] || die "$1: set NANOGPT_DIR to a checkout of https://github.com/karpathy/nanoGPT"
+  [[ -n ${NANOGPT_DIR:-} ]] || die "$1: set NANOGPT_DIR to a checkout of NanoGPT"
   [[ -f $NANOGPT_DIR/train.py && -f $NANOGPT_DIR/data/shakespeare_char/prepare.py ]] \
-    || die "$1: NANOGPT_DIR=$NANOGPT_DIR holds no NanoGPT checkout (train.py, data/shakespeare_char/prepare.py)"
+    || die "$1: NANOGPT_DIR=$NANOGPT_DIR is not a checkout of NanoGPT"
 }
 
 preflight() {
@@ -90,10 +81,14 @@ preflight() {
   case $stage in
     tests) ;;
     shakespeare_a | shakespeare_b) need_cuda "$stage" && need_shakespeare "$stage" ;;
-    nanogpt_shakespeare) need_cuda "$stage" && need_shakespeare "$stage" && need_nanogpt "$stage" \
-      && { python -c 'import requests' 2>/dev/null || die "$stage: NanoGPT's prepare.py imports requests: pip install requests"; } ;;
-    step | step_large | step_profile) need_cuda "$stage" && { [[ -z ${NANOGPT_DIR:-} || -f $NANOGPT_DIR/model.py ]] \
-      || die "$stage: NANOGPT_DIR=$NANOGPT_DIR holds no model.py (a checkout of https://github.com/karpathy/nanoGPT)"; } ;;
+    nanogpt_shakespeare)
+      need_cuda "$stage" && need_shakespeare "$stage" && need_nanogpt "$stage"
+      python -c 'import requests' 2>/dev/null \
+        || die "$stage: NanoGPT's prepare.py imports requests: pip install requests" ;;
+    step | step_large | step_profile)
+      need_cuda "$stage"
+      [[ -z ${NANOGPT_DIR:-} || -f $NANOGPT_DIR/model.py ]] \
+        || die "$stage: NANOGPT_DIR=$NANOGPT_DIR holds no model.py (a checkout of NanoGPT)" ;;
     *) need_cuda "$stage" ;;
   esac
 }
@@ -112,8 +107,7 @@ describe_machine() {
 # the stages
 
 stage_tests() {
-  # includes a torchrun --nproc_per_node=1 NCCL run that resumes to an uninterrupted run's parameters;
-  # most of the time is compilation, on the CPU, so pytest-xdist's workers share it out where installed
+  # most of the time is compilation, on the CPU: pytest-xdist's workers share it, where installed
   local workers=()
   if python -c 'import xdist' 2>/dev/null; then workers=(-n 6); fi
   run python -m pytest -q -rs "${workers[@]}" tests/test_gpu.py
@@ -131,13 +125,13 @@ train_step_bench() {
   else
     echo "NANOGPT_DIR is not set: no NanoGPT row"
   fi
-  run python bench/bench_model.py --device=cuda --compile --optimizer --shapes=gpt2 --vocab_size=50304 \
-    --batch_sizes="$batch_sizes" "${nanogpt[@]}" "$@"
+  run python bench/bench_model.py --device=cuda --compile --optimizer --shapes=gpt2 \
+    --vocab_size=50304 --batch_sizes="$batch_sizes" "${nanogpt[@]}" "$@"
 }
 
 stage_step() { train_step_bench 12,16 --repeats=30; }
 stage_step_profile() { train_step_bench 12 --repeats=10 --profile; }
-stage_step_large() { train_step_bench 32,64 --repeats=20; }  # does the throughput still rise past 32?
+stage_step_large() { train_step_bench 32,64 --repeats=20; }
 
 stage_step_eager() {
   run python bench/bench_model.py --device=cuda --optimizer --shapes=gpt2 --vocab_size=50304 \
@@ -146,14 +140,16 @@ stage_step_eager() {
 
 compare_shakespeare() {
   run python prepare_char.py --input="$SHAKESPEARE_TXT"
-  run python compare.py config/train_shakespeare_char.py --out_dir="$SHAKESPEARE_OUT" --variants="$1"
+  run python compare.py config/train_shakespeare_char.py --out_dir="$SHAKESPEARE_OUT" \
+    --variants="$1"
 }
 
 stage_shakespeare_a() { compare_shakespeare standard,optimized; }
 
 stage_shakespeare_b() {
   compare_shakespeare efficient,super
-  if [[ -f $SHAKESPEARE_OUT/standard-seed0/summary.json && -f $SHAKESPEARE_OUT/optimized-seed0/summary.json ]]; then
+  if [[ -f $SHAKESPEARE_OUT/standard-seed0/summary.json
+        && -f $SHAKESPEARE_OUT/optimized-seed0/summary.json ]]; then
     # every run is finished: compare.py skips them all and writes the one table of the four
     run python compare.py config/train_shakespeare_char.py --out_dir="$SHAKESPEARE_OUT"
   else
@@ -161,11 +157,12 @@ stage_shakespeare_b() {
   fi
 }
 
-# NanoGPT's commit, only where NANOGPT_DIR is a checkout's top: git run in an archive unpacked inside
-# another repository (this one, say) would name that repository's commit
+# NanoGPT's commit, only where NANOGPT_DIR is a checkout's top (not an archive unpacked inside
+# another repository, whose commit git would name)
 nanogpt_commit() {
   local top
-  if top=$(git -C "$NANOGPT_DIR" rev-parse --show-toplevel 2>/dev/null) && [[ $top -ef $NANOGPT_DIR ]]; then
+  if top=$(git -C "$NANOGPT_DIR" rev-parse --show-toplevel 2>/dev/null) \
+    && [[ $top -ef $NANOGPT_DIR ]]; then
     git -C "$NANOGPT_DIR" rev-parse --short HEAD
   else
     echo '(not a git checkout)'
@@ -185,7 +182,9 @@ stage_nanogpt_shakespeare() {
     run python train.py config/train_shakespeare_char.py | tee "$output"
     echo "NanoGPT wall time: ${SECONDS} s (train.py, compilation included)"
   )
-  echo "NanoGPT best val loss: $(grep -o 'val loss [0-9.]*' "$output" | awk '{print $3}' | sort -g | head -n 1)"
+  local best
+  best=$(grep -o 'val loss [0-9.]*' "$output" | awk '{print $3}' | sort -g | head -n 1)
+  echo "NanoGPT best val loss: $best"
   rm -f "$output"
 }
 
@@ -200,12 +199,13 @@ stage_llama() {
 
 stage_tinyllama() { train_throughput config/train_tinyllama_standard_c4.py; }
 
-# one torchrun process trains to max_iters; the same command with init_from=resume and more iterations
-# must continue from the saved iteration and finish
+# one torchrun process trains to max_iters; the same command with init_from=resume and more
+# iterations must continue from the saved iteration and finish
 resume_once() {
   local parallelism=$1 out=$RESUME_WORK/$1
-  local train=(python -m torch.distributed.run --standalone --nproc_per_node=1 train.py config/quickstart.py --data_dir="$RESUME_WORK/data"
-    --out_dir="$out" --parallelism="$parallelism" --device=cuda --compile=True)
+  local train=(python -m torch.distributed.run --standalone --nproc_per_node=1 train.py
+    config/quickstart.py --data_dir="$RESUME_WORK/data" --out_dir="$out"
+    --parallelism="$parallelism" --device=cuda --compile=True)
   rm -rf "$out"
   run "${train[@]}" --max_iters=200
   run "${train[@]}" --max_iters=400 --init_from=resume | tee "$out.resume.out"
@@ -213,12 +213,12 @@ resume_once() {
     || die "resume ($parallelism): the resumed run did not say it continued from iteration 200"
   python -c 'import json, sys; s = json.load(open(sys.argv[1]))
 sys.exit(s["iterations"] != 400 or s["iterations_this_run"] != 200)' "$out/summary.json" \
-    || die "resume ($parallelism): its summary.json does not show iterations 201-400 trained by the resumed run"
+    || die "resume ($parallelism): summary.json does not show 200 more iterations, to 400"
   echo "resume ($parallelism): continued from iteration 200 and finished at 400"
 }
 
 stage_resume() {
-  # that a resume equals an uninterrupted run is tests/test_gpu.py's (stage tests); this is the command line
+  # that a resume equals an uninterrupted run is tests/test_gpu.py's; this is the command line
   run python prepare_char.py --corpus=stdlib --out_dir="$RESUME_WORK/data"
   resume_once ddp
   resume_once fsdp
@@ -236,15 +236,15 @@ run_stage() {
   } 2>&1 | tee "$LOG_DIR/$stage.log"
 }
 
-# every stage, also after one fails (a stage run where errexit is off, in an `if` or `||`, would not stop
-# at its failing command, so each runs in a subshell that turns errexit back on; with STAGE_TIMEOUT,
-# this script again, for that stage alone, under `timeout`); 1 if any failed
+# every stage, also after one fails: each in a subshell with errexit on (in an `if` or `||` it
+# would be off), or with STAGE_TIMEOUT this script again under `timeout`; 1 if any failed
 run_stages() {
   local stage code failed=()
   for stage in "$@"; do
     set +e
     if [[ -n $STAGE_TIMEOUT ]]; then
-      STAGE_TIMEOUT="" timeout --kill-after=30 "$STAGE_TIMEOUT" bash "$SCRIPT" --log_dir="$LOG_DIR" "$stage"
+      STAGE_TIMEOUT="" timeout --kill-after=30 "$STAGE_TIMEOUT" \
+        bash "$SCRIPT" --log_dir="$LOG_DIR" "$stage"
     else
       (
         set -e
@@ -253,7 +253,8 @@ run_stages() {
     fi
     code=$?
     set -e
-    ((code != 124)) || echo "== $stage: stopped after STAGE_TIMEOUT=$STAGE_TIMEOUT s" | tee -a "$LOG_DIR/$stage.log"
+    ((code != 124)) || echo "== $stage: stopped after STAGE_TIMEOUT=$STAGE_TIMEOUT s" \
+      | tee -a "$LOG_DIR/$stage.log"
     ((code == 0)) || failed+=("$stage")
   done
   ((${#failed[@]} == 0)) || die "failed: ${failed[*]} (their logs are in $LOG_DIR)"
@@ -265,11 +266,12 @@ main() {
     case $arg in
       --log_dir=*) log_dir=${arg#--log_dir=} ;;
       all) stages+=("${STAGES[@]}") ;;
-      *) [[ " ${STAGES[*]} " == *" $arg "* ]] || die "unknown stage '$arg'; choose among: ${STAGES[*]} all"
+      *) [[ " ${STAGES[*]} " == *" $arg "* ]] \
+           || die "unknown stage '$arg'; choose among: ${STAGES[*]} all"
          stages+=("$arg") ;;
     esac
   done
-  ((${#stages[@]})) || die "name a stage: ${STAGES[*]} all (usage: bench/gpu_suite.sh [--log_dir=DIR] STAGE ...)"
+  ((${#stages[@]})) || die "name a stage: ${STAGES[*]} all"
   mkdir -p "$log_dir"
   LOG_DIR=$(cd "$log_dir" && pwd)
   # paths given relative to where the suite was started, before it moves to the repository
