@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-import distributed
+import checkpoint
+import train
 
 
 class Killed(BaseException):
@@ -22,7 +23,7 @@ def kill_after(monkeypatch, event, at_iteration=None):
     """Raise Killed after the first directory step equal to `event`: ("rename", source name, target
     name) or ("remove", name) of a folder that existed; with at_iteration, only a step of the commit
     of that iteration's checkpoint."""
-    real_replace, real_remove, real_commit = os.replace, distributed._remove, distributed.commit_shards
+    real_replace, real_remove, real_commit = os.replace, checkpoint._remove, train.commit_shards
     committing = {"iter": None}
 
     def happened(step):
@@ -46,15 +47,15 @@ def kill_after(monkeypatch, event, at_iteration=None):
         finally:
             committing["iter"] = None
 
-    monkeypatch.setattr(distributed.os, "replace", replace)  # os itself: atomic.py's renames pass through
-    monkeypatch.setattr(distributed, "_remove", remove)
-    monkeypatch.setattr(distributed, "commit_shards", commit)
+    monkeypatch.setattr(checkpoint.os, "replace", replace)  # os itself: atomic.py's renames pass through
+    monkeypatch.setattr(checkpoint, "_remove", remove)
+    monkeypatch.setattr(train, "commit_shards", commit)
     try:
         yield
     finally:
-        monkeypatch.setattr(distributed.os, "replace", real_replace)
-        monkeypatch.setattr(distributed, "_remove", real_remove)
-        monkeypatch.setattr(distributed, "commit_shards", real_commit)
+        monkeypatch.setattr(checkpoint.os, "replace", real_replace)
+        monkeypatch.setattr(checkpoint, "_remove", real_remove)
+        monkeypatch.setattr(train, "commit_shards", real_commit)
 
 
 def nan_after_step(real_step, n):
@@ -94,3 +95,15 @@ def alive(pid):
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def child_pids(parent):
+    """The pids of the processes whose parent is `parent` (Linux's /proc): torchrun's workers."""
+    pids = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat_file.read_text().rsplit(")", 1)[1].split()[1] == str(parent):
+                pids.append(int(stat_file.parent.name))
+        except (OSError, IndexError):
+            continue  # the process ended meanwhile
+    return pids
