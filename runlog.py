@@ -1,6 +1,6 @@
 """
-What a training run writes beside its checkpoint, on rank 0: log.jsonl, one JSON object per logged
-step, evaluation and HellaSwag score (and the same to wandb when asked), and at the end summary.json.
+What a training run writes beside its checkpoint, on rank 0: log.jsonl, one JSON object per
+logged step, evaluation and HellaSwag score (and the same to wandb when asked), and summary.json.
 A checkpoint carries the run's totals so far (run_totals), so that a resumed run goes on counting.
 """
 
@@ -13,8 +13,8 @@ from atomic import write_text_atomic
 from checkpoint import LOG_NAME, SUMMARY_NAME
 from runtime import peak_memory_bytes
 
-NO_EARLIER_PROCESS = {"wall_time_s": 0.0, "timed_steps": 0, "timed_seconds": 0.0, "peak_memory_bytes": None,
-                      "setups": []}
+NO_EARLIER_PROCESS = {"wall_time_s": 0.0, "timed_steps": 0, "timed_seconds": 0.0,
+                      "peak_memory_bytes": None, "setups": []}
 
 
 class RunLog:
@@ -29,12 +29,28 @@ class RunLog:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
         if self.wandb is not None:
-            self.wandb.log({f"{record['type']}/{k}": v for k, v in record.items() if k not in ("type", "iter")},
-                           step=record["iter"])
+            values = {k: v for k, v in record.items() if k not in ("type", "iter")}
+            self.wandb.log({f"{record['type']}/{k}": v for k, v in values.items()}, step=record["iter"])
 
     def close(self):
         if self.file is not None:
             self.file.close()
+
+
+def open_log(c, out_dir, run_id, start_iter, rank):
+    """The run's log on rank 0 (none for eval_only): a resume appends to log.jsonl, once the records
+    past its checkpoint are dropped (those steps come again), and goes on in the same wandb run."""
+    enabled = rank == 0 and not c["eval_only"]
+    wandb_run = None
+    if c["wandb_log"] and rank == 0:
+        import wandb
+
+        wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
+                               id=run_id, resume="allow")
+    resuming = c["init_from"] == "resume"
+    if resuming and enabled:
+        trim_log(Path(out_dir) / LOG_NAME, start_iter)
+    return RunLog(out_dir, append=resuming, enabled=enabled, wandb_run=wandb_run)
 
 
 def trim_log(path, last_iter):
@@ -65,11 +81,12 @@ def setup_of(summary):
 
 
 def run_totals(run):
-    """The run's wall time, timed steps, peak memory and set-ups over its processes so far: this one's,
-    plus the earlier ones' up to the checkpoint resumed from (steps past it are redone)."""
+    """The run's wall time, timed steps, peak memory and set-ups over its processes so far: this
+    one's, plus the earlier ones' up to the checkpoint resumed from (steps past it are redone)."""
     earlier = run.earlier_processes
     timed = run.step_times[1:]  # each process's first step pays for its warm-up or compile
-    memory = [m for m in (earlier["peak_memory_bytes"], peak_memory_bytes(run.device)) if m is not None]
+    memory = [earlier["peak_memory_bytes"], peak_memory_bytes(run.device)]
+    memory = [m for m in memory if m is not None]
     setup = setup_of({"world_size": run.world_size, "device": run.device, "dtype": run.dtype})
     setups = earlier.get("setups", [])
     return {"wall_time_s": earlier["wall_time_s"] + run.elapsed(),

@@ -10,8 +10,8 @@ DDP on one node with 8 GPUs; FSDP2 with --parallelism=fsdp; several nodes with t
 
 The config is NanoGPT's: defaults, then config files, then --key=value overrides (configurator.py;
 `python train.py --help` lists every key). The run is also a function, train(config) -> summary.
-Rank 0 writes to out_dir: ckpt.pt (checkpoint.py), log.jsonl and summary.json (runlog.py). A SIGINT or
-SIGTERM saves a checkpoint after the current step and stops; a resume from it is exact.
+Rank 0 writes ckpt.pt (checkpoint.py), log.jsonl and summary.json (runlog.py) to out_dir. A SIGINT
+or SIGTERM saves a checkpoint after the current step and stops; a resume from it is exact.
 """
 
 import math
@@ -25,19 +25,21 @@ import torch
 import torch.distributed as dist
 
 import distributed
-from checkpoint import (CHECKPOINT_NAME, LOG_NAME, SHARDED_NAME, CheckpointError, commit_shards,
-                        first_non_finite, full_model_state, holds_checkpoint, load_resume_checkpoint,
-                        load_sharded, load_weights, lock_out_dir, save_checkpoint, write_shards)
+import eval_hellaswag
+from checkpoint import (CHECKPOINT_NAME, SHARDED_NAME, CheckpointError, commit_shards,
+                        first_non_finite, full_model_state, holds_checkpoint, load_sharded,
+                        load_resume_checkpoint, load_weights, lock_out_dir, save_checkpoint,
+                        write_shards)
 from configurator import (MODEL_ARG_KEYS, ConfigError, get_config, help_text, resolve_config,
                           world_size_problem)
 from data import Batches, DataError, check_data, choose_vocab_size, config_data_dir
 from model import GPT, PRETRAINED_GPT2, GPTConfig, PretrainedUnavailableError
-from runlog import NO_EARLIER_PROCESS, RunLog, read_summary, run_totals, trim_log, write_summary
-from runtime import (CpuThreads, StopSignals, autocast_context, is_rank_zero, peak_flops, resolve_device,
-                     resolve_dtype, run_script)
+from runlog import NO_EARLIER_PROCESS, open_log, read_summary, run_totals, write_summary
+from runtime import (CpuThreads, StopSignals, autocast_context, is_rank_zero, peak_flops,
+                     resolve_device, resolve_dtype, run_script)
 
-# the most training losses left unread on the device (they are read at log steps, all at once, so that
-# the CPU queues the next steps while a GPU runs this one)
+# the most training losses left unread on the device: they are read at log steps, all at once, so
+# that the CPU queues the next steps while a GPU runs this one
 MAX_UNREAD_LOSSES = 1000
 
 
@@ -46,8 +48,8 @@ class NonFiniteLossError(RuntimeError):
 
 
 def get_lr(it, c):
-    """Linear warmup, then cosine decay to min_lr at lr_decay_iters. A warmup longer than the decay is
-    cut to lr_decay_iters - 1 steps, so that a short run still decays."""
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters. A warmup longer than the decay
+    is cut to lr_decay_iters - 1 steps, so that a short run still decays."""
     if not c["decay_lr"]:
         return c["learning_rate"]
     warmup = min(c["warmup_iters"], max(c["lr_decay_iters"] - 1, 0))
@@ -56,12 +58,13 @@ def get_lr(it, c):
     if it > c["lr_decay_iters"]:
         return c["min_lr"]
     progress = (it - warmup) / max(c["lr_decay_iters"] - warmup, 1)
-    return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * progress)) * (c["learning_rate"] - c["min_lr"])
+    coeff = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return c["min_lr"] + coeff * (c["learning_rate"] - c["min_lr"])
 
 
 @dataclass
 class Run:
-    """One training run's state: what train() builds, what the loop advances, what a checkpoint keeps."""
+    """One run's state: what train() builds, what the loop advances, what a checkpoint keeps."""
     c: dict  # the resolved config
     rank: int
     world_size: int
@@ -88,8 +91,9 @@ class Run:
 
     def __post_init__(self):
         self.fsdp = self.ddp and self.c["parallelism"] == "fsdp"
-        self.accum = self.c["gradient_accumulation_steps"] // self.world_size  # micro-steps per rank
-        self.tokens_per_iter = self.c["gradient_accumulation_steps"] * self.c["batch_size"] * self.c["block_size"]
+        steps = self.c["gradient_accumulation_steps"]
+        self.accum = steps // self.world_size  # micro-steps per rank
+        self.tokens_per_iter = steps * self.c["batch_size"] * self.c["block_size"]
 
     def say(self, *args):
         if self.verbose and self.rank == 0:
@@ -113,8 +117,8 @@ def train(config, verbose=True):
     if ddp and device.startswith("cuda"):  # each process takes its local rank's GPU
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    run = Run(c, rank, world_size, ddp, device, resolve_dtype(c["dtype"], device), Path(c["out_dir"]),
-              config_data_dir(c), None, None, verbose)
+    run = Run(c, rank, world_size, ddp, device, resolve_dtype(c["dtype"], device),
+              Path(c["out_dir"]), config_data_dir(c), None, None, verbose)
 
     # the data, and the checkpoint to resume from
     run.meta, n_tokens, max_token = check_data(run.data_dir, c["block_size"])
@@ -122,26 +126,29 @@ def train(config, verbose=True):
     run.model_args["vocab_size"] = choose_vocab_size(c, run.meta, max_token, run.data_dir)
     checkpoint = None
     if c["init_from"] == "resume":
-        checkpoint = load_resume_checkpoint(run.out_dir, run.model_args, run.fsdp, (run.meta, run.data_dir))
+        checkpoint = load_resume_checkpoint(run.out_dir, run.model_args, run.fsdp,
+                                            (run.meta, run.data_dir))
         # dropout is the config's, as no weight depends on it
-        run.model_args = {k: checkpoint["model_args"][k] for k in MODEL_ARG_KEYS} | {"dropout": c["dropout"]}
-        if checkpoint["iter_num"] >= c["max_iters"] and checkpoint["evaluated"] and not c["eval_only"]:
-            run.say(f"nothing to train: the run in {run.out_dir} has reached max_iters={c['max_iters']}")
+        run.model_args = {k: checkpoint["model_args"][k] for k in MODEL_ARG_KEYS}
+        run.model_args["dropout"] = c["dropout"]
+        finished = checkpoint["iter_num"] >= c["max_iters"] and checkpoint["evaluated"]
+        if finished and not c["eval_only"]:
+            run.say(f"nothing to train: the run in {run.out_dir} has reached max_iters")
             return read_summary(run.out_dir) or {"iterations": checkpoint["iter_num"]}
     elif not c["eval_only"] and holds_checkpoint(run.out_dir):
-        raise CheckpointError(f"{run.out_dir} already holds a checkpoint: --init_from=resume to continue, "
-                              f"or another out_dir")
+        raise CheckpointError(f"{run.out_dir} already holds a checkpoint: --init_from=resume to "
+                              f"continue, or another out_dir")
 
     if ddp:
-        backend = c["backend"] if c["backend"] != "auto" else "nccl" if device.startswith("cuda") else "gloo"
-        distributed.init_process_group(backend, device)
+        auto = "nccl" if device.startswith("cuda") else "gloo"
+        distributed.init_process_group(auto if c["backend"] == "auto" else c["backend"], device)
     lock = lock_out_dir(run.out_dir) if rank == 0 else None  # held while the run lives
     try:
         with StopSignals() as signals:  # a SIGINT or SIGTERM stops the loop after a step and a save
             threads = CpuThreads(c["num_threads"], device)
-            run.say(f"device {device}, dtype {run.dtype}, {world_size} process(es), {run.accum} micro-step(s) "
-                    f"per process, {run.tokens_per_iter:,} tokens per iteration; {run.data_dir}: "
-                    f"{n_tokens['train']:,} train / {n_tokens['val']:,} val tokens")
+            run.say(f"device {device}, dtype {run.dtype}, {world_size} process(es), {run.accum} "
+                    f"micro-step(s) per process, {run.tokens_per_iter:,} tokens per iteration; "
+                    f"{run.data_dir}: {n_tokens['train']:,} train / {n_tokens['val']:,} val tokens")
             build(run, checkpoint)
             del checkpoint  # its weights and moments are copied in: free them for the whole run
             return train_loop(run, signals, threads)
@@ -149,17 +156,17 @@ def train(config, verbose=True):
         if lock is not None:
             lock.close()
         if ddp:
-            run.__dict__.clear()  # DDP's reducer and FSDP's parameters hold the group: free them first
+            run.__dict__.clear()  # DDP's reducer and FSDP's parameters hold the group: free them
             dist.destroy_process_group()
 
 
 def build(run, checkpoint):
-    """The model (the same initialisation on every rank, then per-rank dropout streams), the optimizer,
-    the batches and the logs, each from the checkpoint when resuming."""
+    """The model (the same initialisation on every rank, then per-rank dropout streams), the
+    optimizer, the batches and the logs, each from the checkpoint when resuming."""
     c = run.c
     torch.manual_seed(c["seed"])
     if c["init_from"] in PRETRAINED_GPT2:
-        model = GPT.from_pretrained(c["init_from"], dict(dropout=c["dropout"], attention=c["attention"]))
+        model = GPT.from_pretrained(c["init_from"], {k: c[k] for k in ("dropout", "attention")})
         if c["block_size"] < model.config.block_size:
             model.crop_block_size(c["block_size"])
         run.model_args = {k: getattr(model.config, k) for k in MODEL_ARG_KEYS}
@@ -167,44 +174,33 @@ def build(run, checkpoint):
         model = GPT(GPTConfig(**run.model_args))
     if checkpoint is not None and not run.fsdp:  # FSDP loads its shards with the optimizer's
         load_weights(model, checkpoint["model"], checkpoint["source"])
-    run.raw_model = model.to(run.device)  # the GPT itself (sharded in place under FSDP): state dicts
-    run.say(f"model: {c['attention']} attention, {model.get_num_params(non_embedding=False):,} parameters, "
-            f"{model.flops_per_token():,} training FLOPs per token")
+    run.raw_model = model.to(run.device)  # the GPT itself (sharded in place under FSDP)
+    run.say(f"model: {c['attention']} attention, {model.get_num_params(non_embedding=False):,} "
+            f"parameters, {model.flops_per_token():,} training FLOPs per token")
     torch.manual_seed(c["seed"] + run.rank)
     run.model = distributed.wrap_model(model, c, run.ddp, run.device, run.dtype)  # what trains
 
     run.autocast = autocast_context(run.device, run.dtype)
-    run.peak = peak_flops(c["peak_flops"], run.device)  # None: no MFU (CPU, or a GPU not in the table)
-    run.scaler = torch.amp.GradScaler(torch.device(run.device).type, enabled=run.dtype == "float16")
-    run.optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]),
-                                               torch.device(run.device).type)
-    run.train_batches = Batches(run.data_dir / "train.bin", c["block_size"], c["batch_size"], run.device)
-    run.val_batches = Batches(run.data_dir / "val.bin", c["block_size"], c["batch_size"], run.device)
+    run.peak = peak_flops(c["peak_flops"], run.device)  # None: no MFU (CPU, a GPU not in the table)
+    device_type = torch.device(run.device).type
+    run.scaler = torch.amp.GradScaler(device_type, enabled=run.dtype == "float16")
+    run.optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"],
+                                               (c["beta1"], c["beta2"]), device_type)
+    batches = (c["block_size"], c["batch_size"], run.device)
+    run.train_batches = Batches(run.data_dir / "train.bin", *batches)
+    run.val_batches = Batches(run.data_dir / "val.bin", *batches)
     run.generator = torch.Generator().manual_seed(c["seed"])  # the training batches' offsets
     # On CPU, small evaluation batches waste time in small matmuls: evaluate up to ~16K tokens per
     # forward pass instead (the same sequences). With compile (fixed shapes) and on GPU, one batch.
-    run.eval_group = 1 if run.device != "cpu" or c["compile"] else max(1, 16384 // (c["batch_size"] * c["block_size"]))
+    run.eval_group = 1
+    if run.device == "cpu" and not c["compile"]:
+        run.eval_group = max(1, 16384 // (c["batch_size"] * c["block_size"]))
     if checkpoint is not None:
         restore(run, checkpoint)
     run.start_iter = run.iter_num
-
-    wandb_run = None
-    if c["wandb_log"] and run.rank == 0:
-        import wandb
-
-        # the run's own id, kept across resumes, so that a resume goes on in the same wandb run
-        wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
-                               id=run.run_id, resume="allow")
-    resuming = c["init_from"] == "resume"
-    if resuming and run.rank == 0 and not c["eval_only"]:
-        trim_log(run.out_dir / LOG_NAME, run.start_iter)  # the steps after the checkpoint come again
-    run.log = RunLog(run.out_dir, append=resuming, enabled=run.rank == 0 and not c["eval_only"],
-                     wandb_run=wandb_run)
-    run.hellaswag = None
-    if c["hellaswag_interval"]:
-        import eval_hellaswag
-
-        run.hellaswag = eval_hellaswag.examples_for_training(c["hellaswag_file"], c["hellaswag_limit"], run.meta)
+    run.log = open_log(c, run.out_dir, run.run_id, run.start_iter, run.rank)
+    run.hellaswag = c["hellaswag_interval"] and eval_hellaswag.examples_for_training(
+        c["hellaswag_file"], c["hellaswag_limit"], run.meta)
 
 
 def restore(run, checkpoint):
@@ -215,11 +211,11 @@ def restore(run, checkpoint):
         try:
             run.optimizer.load_state_dict(checkpoint["optimizer"])
         except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise CheckpointError(f"the optimizer state in {checkpoint['source']} does not fit the model "
-                                  f"({type(e).__name__}): it was not written by this train.py") from None
+            raise CheckpointError(f"the optimizer state in {checkpoint['source']} does not fit "
+                                  f"the model ({type(e).__name__})") from None
         if "scaler" in checkpoint and run.scaler.is_enabled():
             run.scaler.load_state_dict(checkpoint["scaler"])
-    # the moments are the checkpoint's, the hyperparameters the config's (the rate is set every step)
+    # the moments are the checkpoint's, the hyperparameters the config's (as is the rate)
     for group in run.optimizer.param_groups:
         group["betas"] = (run.c["beta1"], run.c["beta2"])
     run.optimizer.param_groups[0]["weight_decay"] = run.c["weight_decay"]  # group 0 decays
@@ -241,8 +237,8 @@ def restore(run, checkpoint):
 # the loop
 
 def train_loop(run, signals, threads):
-    """Evaluate (and save) every eval_interval iterations and at the end; step; log; stop at max_iters,
-    or after a step and a save on a signal. Returns the summary."""
+    """Evaluate (and save) every eval_interval iterations and at the end; step; log; stop at
+    max_iters, or after a step and a save on a signal. Returns the summary."""
     c, model, optimizer = run.c, run.model, run.optimizer
     unread = []  # (iteration, loss on the device) of the steps not yet read back
     try:
@@ -252,15 +248,17 @@ def train_loop(run, signals, threads):
         while not c["eval_only"]:
             # a resume does not repeat the evaluation its checkpoint was saved after
             fresh = not (run.iter_num == run.start_iter and run.evaluated_at_start)
-            evaluates = fresh and (run.iter_num % c["eval_interval"] == 0 or run.iter_num >= c["max_iters"])
-            scores = fresh and run.hellaswag and run.iter_num % c["hellaswag_interval"] == 0 and run.iter_num
+            last = run.iter_num >= c["max_iters"]
+            evaluates = fresh and (run.iter_num % c["eval_interval"] == 0 or last)
+            scores = fresh and run.hellaswag and run.iter_num % c["hellaswag_interval"] == 0
+            scores = scores and run.iter_num > 0
             if evaluates or scores:
                 read_losses(run, unread)  # nothing is evaluated or saved after a non-finite loss
             if evaluates:
                 evaluate(run)
             if scores:
                 run_hellaswag(run)
-            if run.iter_num >= c["max_iters"]:
+            if last:
                 break
 
             t0 = time.time()
@@ -286,7 +284,7 @@ def train_loop(run, signals, threads):
                 run.stop_reason = signals.received or "signal on another rank"
                 run.say(f"received {run.stop_reason}: stopping at iteration {run.iter_num}")
                 if c["save_checkpoints"]:
-                    save(run, run.stop_reason, evaluated=False)  # this iteration's evaluation is to come
+                    save(run, run.stop_reason, evaluated=False)  # its evaluation is to come
                 break
             threads.adjust()
     except NonFiniteLossError:
@@ -305,14 +303,14 @@ def train_loop(run, signals, threads):
 
 def forward_backward(run, signals):
     """This rank's micro-batches of one iteration, gradients accumulated; returns (the mean loss,
-    whether any rank was signalled to stop). The loss stays on the device in one process; under DDP
-    one small all-reduce per step agrees on it and on the stop, so all ranks stop after the same step."""
+    whether any rank was signalled to stop). The loss stays on the device in one process; under
+    DDP one small all-reduce per step agrees on both, so that all ranks stop after the same step."""
     offsets = run.train_batches.offsets(run.c["gradient_accumulation_steps"], run.generator)
     offsets = offsets[run.rank * run.accum:(run.rank + 1) * run.accum]  # this rank's share
     loss_sum = torch.zeros((), dtype=torch.float32, device=run.device)
     for micro in range(run.accum):
         x, y = run.train_batches.get(offsets[micro])
-        with distributed.gradient_sync(run.model, micro == run.accum - 1):  # reduce on the last only
+        with distributed.gradient_sync(run.model, micro == run.accum - 1):  # on the last only
             with run.autocast:
                 _, loss = run.model(x, y)
             loss_sum += loss.detach().float()
@@ -328,8 +326,8 @@ def forward_backward(run, signals):
 
 
 def read_losses(run, unread):
-    """Read the unread losses back at once and empty the list; returns the last one. The first that is
-    not finite stops the run as of its iteration: nothing after it is counted or saved."""
+    """Read the unread losses back at once and empty the list; returns the last one. The first that
+    is not finite stops the run as of its iteration: nothing after it is counted or saved."""
     if not unread:
         return None
     iterations, losses = zip(*unread)
@@ -346,17 +344,17 @@ def read_losses(run, unread):
 
 @torch.no_grad()  # not inference_mode: FSDP2 writes into the buffers it gathers parameters into
 def estimate_loss(run):
-    """Mean loss over eval_iters batches per split. The batches are the same at every evaluation (their
-    own generator, seeded afresh), so estimates compare, and the training RNG is left alone. Under DDP
-    the batches are shared out between the ranks."""
+    """Mean loss over eval_iters batches per split. The batches are the same at every evaluation
+    (their own generator, seeded afresh), so estimates compare, and the training RNG is left alone.
+    Under DDP the batches are shared out between the ranks."""
     out = {}
     model = getattr(run.model, "module", run.model)  # without DDP's hooks
     model.eval()
     for split, batches in (("train", run.train_batches), ("val", run.val_batches)):
         g = torch.Generator().manual_seed(run.c["seed"] + 1)
         ix = batches.offsets(run.c["eval_iters"], g)[run.rank::run.world_size]
-        no_float64 = torch.device(run.device).type == "mps"
-        total = torch.zeros(2, dtype=torch.float32 if no_float64 else torch.float64, device=run.device)
+        wide = torch.float32 if torch.device(run.device).type == "mps" else torch.float64
+        total = torch.zeros(2, dtype=wide, device=run.device)
         for k in range(0, len(ix), run.eval_group):
             group = ix[k:k + run.eval_group]
             x, y = batches.get(group.reshape(-1))
@@ -375,15 +373,16 @@ def evaluate(run):
     """Estimate the losses, log them, and save a checkpoint (always, or when val loss improved)."""
     losses = estimate_loss(run)
     if not all(map(math.isfinite, losses.values())):
-        raise diverged(run, f"the evaluated losses became train {losses['train']}, val {losses['val']}")
+        raise diverged(run, f"the evaluated losses became {losses}")
     run.last_losses.update(losses)
     run.last_eval_iter = run.iter_num
     run.say(f"step {run.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
     run.log.write({"type": "eval", "iter": run.iter_num, "train_loss": losses["train"],
                    "val_loss": losses["val"], "elapsed_s": run_totals(run)["wall_time_s"]})
-    # a resume from a signal's checkpoint, saved before this evaluation, saves it again as evaluated;
-    # the initial weights' evaluation is not saved
-    owed = run.iter_num == run.start_iter > 0 and not run.evaluated_at_start and not run.c["eval_only"]
+    # a resume from a signal's checkpoint, saved before this evaluation, saves it again as
+    # evaluated; the initial weights' evaluation is not saved
+    owed = run.iter_num == run.start_iter > 0 and not run.evaluated_at_start
+    owed = owed and not run.c["eval_only"]
     improved = losses["val"] < run.best_val_loss
     if run.c["save_checkpoints"] and (owed or run.iter_num > run.start_iter
                                       and (improved or run.c["always_save_checkpoint"])):
@@ -394,8 +393,8 @@ def evaluate(run):
 def diverged(run, what):
     kept = ("the last good checkpoint is kept as it was" if (run.out_dir / CHECKPOINT_NAME).exists()
             else "no checkpoint was written")
-    return NonFiniteLossError(f"{what} at iteration {run.iter_num}; {kept}. Lower learning_rate, raise "
-                              f"warmup_iters or lower grad_clip, then resume or restart")
+    return NonFiniteLossError(f"{what} at iteration {run.iter_num}; {kept}. Lower learning_rate, "
+                              f"raise warmup_iters or lower grad_clip, then resume or restart")
 
 
 def save(run, reason, evaluated):
@@ -414,8 +413,8 @@ def save(run, reason, evaluated):
     if run.rank != 0:
         return
     ckpt = {"model_args": run.model_args, **state, "iter_num": run.iter_num, "evaluated": evaluated,
-            "run_id": run.run_id, "best_val_loss": run.best_val_loss, "config": dict(run.c), "rng": rng,
-            "meta": run.meta, "totals": run_totals(run)}
+            "run_id": run.run_id, "best_val_loss": run.best_val_loss, "config": dict(run.c),
+            "rng": rng, "meta": run.meta, "totals": run_totals(run)}
     if run.scaler.is_enabled():
         ckpt["scaler"] = run.scaler.state_dict()
     t = time.time()
@@ -427,31 +426,29 @@ def save(run, reason, evaluated):
 
 
 def run_hellaswag(run):
-    import eval_hellaswag
-
     examples, tok = run.hellaswag
-    run.raw_model.eval()
-    with run.autocast:
-        result = eval_hellaswag.evaluate(run.raw_model, examples, tok, run.device, run.c["hellaswag_batch_size"],
-                                         rank=run.rank, world_size=run.world_size)
-    run.raw_model.train()
+    result = eval_hellaswag.evaluate(run.raw_model, examples, tok, run.device,
+                                     run.c["hellaswag_batch_size"], run.dtype, run.rank,
+                                     run.world_size)
     run.log.write({"type": "hellaswag", "iter": run.iter_num, **result,
                    "elapsed_s": run_totals(run)["wall_time_s"]})
     run.say(f"iter {run.iter_num}: hellaswag {eval_hellaswag.accuracies_line(result)}")
 
 
 def log_step(run, loss, lr):
-    # the mean step time since the last log: a step that reads nothing back is timed as the CPU queues
-    # it on a GPU, and the log step, which reads the loss, waits for those before it
+    # the mean step time since the last log: a step that reads nothing back is timed as the CPU
+    # queues it on a GPU, and the log step, which reads the loss, waits for those before it
     timed = run.step_times[max(run.logged_steps, 1):] or run.step_times[-1:]
     run.logged_steps = len(run.step_times)
     dt = sum(timed) / len(timed)
-    mfu = None if run.peak is None else run.raw_model.estimate_mfu(run.c["batch_size"] * run.accum, dt, run.peak)
+    sequences = run.c["batch_size"] * run.accum
+    mfu = None if run.peak is None else run.raw_model.estimate_mfu(sequences, dt, run.peak)
     tokens_per_s = run.tokens_per_iter / dt
     run.say(f"iter {run.iter_num}: loss {loss:.4f}, lr {lr:.2e}, {dt * 1000:.2f} ms/iter, "
             f"{tokens_per_s:,.0f} tokens/s" + ("" if mfu is None else f", mfu {mfu * 100:.2f}%"))
-    run.log.write({"type": "train", "iter": run.iter_num, "loss": loss, "lr": lr, "ms_per_iter": dt * 1000,
-                   "tokens_per_s": tokens_per_s, "mfu": mfu, "elapsed_s": run_totals(run)["wall_time_s"]})
+    run.log.write({"type": "train", "iter": run.iter_num, "loss": loss, "lr": lr,
+                   "ms_per_iter": dt * 1000, "tokens_per_s": tokens_per_s, "mfu": mfu,
+                   "elapsed_s": run_totals(run)["wall_time_s"]})
 
 
 def main(argv=None):
@@ -470,4 +467,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_script(main, "error: stopped by Ctrl-C; the last checkpoint saved in out_dir, if any, is whole")
+    run_script(main, "error: stopped by Ctrl-C; the last checkpoint in out_dir, if any, is whole")
