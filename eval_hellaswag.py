@@ -137,8 +137,8 @@ def examples_for_training(path, limit, meta, say=None):
         return examples, tokenizer
     except Exception as e:  # a missing or bad file, or a tokenizer that is not to be had
         if say or is_rank_zero():
-            (say or print)(f"warning: HellaSwag evaluation is off, and training goes on without it: "
-                           f"{type(e).__name__}: {e}")
+            (say or print)(f"warning: HellaSwag evaluation is off, and training goes on "
+                           f"without it: {type(e).__name__}: {e}")
         return None
 
 

@@ -14,11 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import REPO, VARIANTS, needs_bpe
+from conftest import REPO, VARIANTS, needs_bpe, tiny_model
 import eval_hellaswag as eh
 from checkpoint import save_checkpoint
 from configurator import format_override, get_config
-from model import GPT, GPTConfig
 from prepare_char import prepare
 from tokenizer import CharTokenizer
 
@@ -37,8 +36,8 @@ LOGPROB = {
     " c": -0.9,           # "c c c c": 4 tokens, -3.6, -0.9, -3.6 / 7 = -0.514
     " d": -5.0,           # -5.0   -5.0             -5.0
     # ending set 2
-    " e": -1.2,           # -1.2   -1.2             -1.2 / 1 = -1.2  (with the space counted: -0.6)
-    " fff": -3.0,         # -3.0   -3.0             -3.0 / 3 = -1.0  (with the space counted: -0.75)
+    " e": -1.2,           # -1.2   -1.2             -1.2 / 1 = -1.2  (with the space: -0.6)
+    " fff": -3.0,         # -3.0   -3.0             -3.0 / 3 = -1.0  (with the space: -0.75)
 }
 SET1 = ["a", "bbbbbbbbbb", "c c c c", "d"]  # winners: sum a (0), mean c (2), per character b (1)
 SET2 = ["e", "fff", "d", "d"]  # winners: sum e, mean e, per character fff (e if the space counted)
@@ -46,15 +45,14 @@ CONTEXT_LOGPROB = -20.0  # every other word (the context's): unlikely, and never
 
 
 class WordTokenizer:
-    kind = "word"
     eot = None
-    vocab_size = 64
 
     def __init__(self):
         self.ids = {piece: i + 1 for i, piece in enumerate(LOGPROB)}  # id 0: the leftover mass
 
     def encode(self, text):
-        return [self.ids.setdefault(piece, len(self.ids) + 1) for piece in re.findall(r" *[^ ]+", text)]
+        pieces = re.findall(r" *[^ ]+", text)
+        return [self.ids.setdefault(piece, len(self.ids) + 1) for piece in pieces]
 
 
 class StubLM(torch.nn.Module):
@@ -67,11 +65,10 @@ class StubLM(torch.nn.Module):
 
     def forward(self, idx, all_logits=False):
         self.calls.append((tuple(idx.shape), self.training))
-        probs = torch.full((self.tokenizer.vocab_size,), math.exp(CONTEXT_LOGPROB), dtype=torch.float64)
+        probs = torch.full((64,), math.exp(CONTEXT_LOGPROB), dtype=torch.float64)
         for piece, lp in LOGPROB.items():
             probs[self.tokenizer.ids[piece]] = math.exp(lp)
-        probs[0] = 0.0
-        probs[0] = 1.0 - probs.sum()
+        probs[0] = 1.0 - probs[1:].sum()
         return probs.log().float().expand(*idx.shape, -1), None
 
 
@@ -112,54 +109,43 @@ def test_three_accuracies_match_hand_computation(hellaswag_file, batch_size):
     examples = eh.load_examples(hellaswag_file)
     result = eh.evaluate(model, examples, tok, "cpu", batch_size=batch_size)
     assert result["n"] == len(FILE_KINDS) and {m: result[m] for m in EXPECTED} == EXPECTED
-    assert result["correct"] == {m: round(v * 8) for m, v in EXPECTED.items()}
     # one forward per batch of examples, 8 sequences each, in eval mode; then back to train mode
     assert [(shape[0], training) for shape, training in model.calls] == [
         (8 * len(examples[i:i + batch_size]), False) for i in range(0, 8, batch_size)]
     assert model.training
-    for (preds, _), kind in zip(eh.score_batch(model, examples, tok, True, "cpu", "float32"), FILE_KINDS):
+    scores = eh.score_batch(model, examples, tok, True, "cpu", "float32")
+    for (preds, _), kind in zip(scores, FILE_KINDS):
         endings, label, hits = KINDS[kind]
         assert {m: int(preds[m] == label) for m in hits} == hits, kind
 
 
 def test_scores_are_the_summed_logprobs_set_by_hand(hellaswag_file):
     tok = WordTokenizer()
-    pairs, char_lengths = eh.example_requests(eh.load_examples(hellaswag_file, limit=1)[0], tok)
+    pairs, char_lengths = eh.example_requests(eh.load_examples(hellaswag_file)[0], tok)
     scored = eh.continuation_logprobs(StubLM(tok), pairs)
     assert [s for s, _ in scored] == pytest.approx([-2.0, -3.0, -3.6, -5.0] * 2, abs=1e-5)
     assert [n for _, n in scored] == [1, 1, 4, 1] * 2
     assert char_lengths == [1, 10, 7, 1]  # the preprocessed ending, its leading space not counted
-
-
-def test_an_empty_context_conditions_on_end_of_text():
-    """As the harness does: the endings follow <|endoftext|>, so their first token is scored too;
-    a tokenizer without one (characters) refuses the example."""
-    ex = {**example(SET1, 0), "ctx": ""}
-    tok = WordTokenizer()
+    # an empty context: the endings follow <|endoftext|>, as in the harness, and all are scored
     tok.eot = 0
-    pairs, _ = eh.example_requests(ex, tok, harness=False)
+    pairs, _ = eh.example_requests({**example(SET1, 0), "ctx": ""}, tok, harness=False)
     assert [context for context, _ in pairs] == [[0]] * 4
-    scored = eh.continuation_logprobs(StubLM(tok), pairs)
-    assert [s for s, _ in scored] == pytest.approx([-2.0, -3.0, -3.6, -5.0], abs=1e-4)
-    assert [n for _, n in scored] == [1, 1, 4, 1]
-    with pytest.raises(eh.HellaSwagError, match="empty"):
-        eh.example_requests(ex, WordTokenizer(), harness=False)
+    assert [n for _, n in eh.continuation_logprobs(StubLM(tok), pairs)] == [1, 1, 4, 1]
 
 
 def test_predictions_of_each_metric():
     # each metric reads its own text: NanoGPT's pairs first, the harness's after them
     nanogpt = [(-1.0, 1), (-2.0, 1), (-3.0, 1), (-4.0, 1)]  # ending 0 is the likeliest
     harness = [(-4.0, 1), (-1.0, 1), (-3.0, 1), (-2.0, 1)]  # ending 1 is
-    assert eh.predictions(nanogpt + harness, [1, 1, 1, 1]) == dict(acc=0, acc_norm=0, acc_harness=1,
-                                                                    acc_char_norm=1)
+    preds = eh.predictions(nanogpt + harness, [1, 1, 1, 1])
+    assert preds == dict(acc=0, acc_norm=0, acc_harness=1, acc_char_norm=1)
     # an ending the harness cleans to nothing divides by 0 characters: never acc_char_norm's choice
-    _, _, lengths = eh.harness_texts(example(["[step]", "Rinse it well and dry it.", "x y z", "q"], 1))
-    assert lengths[0] == 0
-    scored = [(-0.1, 1), (-30.0, 6), (-20.0, 3), (-9.0, 1)] * 2
-    preds = eh.predictions(scored, lengths)
-    assert preds["acc_char_norm"] == 1 and preds["acc_harness"] == 0  # -30/25 beats -20/5, -9/1
-    # a tie goes to the first ending, as numpy.argmax
-    assert set(eh.predictions([(-2.0, 2), (-2.0, 2), (-3.0, 2), (-9.0, 2)] * 2, [4] * 4).values()) == {0}
+    ex = example(["[step]", "Rinse it well and dry it.", "x y z", "q"], 1)
+    lengths = eh.harness_texts(ex)[2]
+    preds = eh.predictions([(-0.1, 1), (-30.0, 6), (-20.0, 3), (-9.0, 1)] * 2, lengths)
+    assert lengths[0] == 0 and preds["acc_char_norm"] == 1 and preds["acc_harness"] == 0
+    tie = [(-2.0, 2), (-2.0, 2), (-3.0, 2), (-9.0, 2)] * 2  # to the first ending, as numpy.argmax
+    assert set(eh.predictions(tie, [4] * 4).values()) == {0}
 
 
 def test_harness_text():
@@ -175,20 +161,20 @@ def test_harness_text():
     ex = example(["Mix it well.", "Bake it.", "a", "b"], 0, ctx_b="", activity="Food",
                  ctx_a="[header] How to bake [title] Add the flour. [step]")
     query, continuations, lengths = eh.harness_texts(ex)
-    assert query == "Food: How to bake. Add the flour." and continuations[:2] == ["  Mix it well.", "  Bake it."]
-    assert lengths[:2] == [12, 8]
+    assert query == "Food: How to bake. Add the flour."
+    assert continuations[:2] == ["  Mix it well.", "  Bake it."] and lengths[:2] == [12, 8]
 
 
 # -----------------------------------------------------------------------------
 # the log-likelihood against a position-by-position computation, every variant
 
 CHARS = "".join(chr(c) for c in range(32, 127)) + "\n"
+CHAR_META = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS,
+             "tokens": {"train": 1, "val": 1}}
 
 
 def tiny_gpt(attention, block_size=64, vocab_size=len(CHARS)):
-    torch.manual_seed(0)
-    return GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=2, n_head=2,
-                         n_embd=16, attention=attention)).eval()
+    return tiny_model(attention, block_size=block_size, vocab_size=vocab_size)  # super: random W^A
 
 
 def stepwise_logprob(model, context, continuation):
@@ -203,10 +189,6 @@ def stepwise_logprob(model, context, continuation):
 @pytest.mark.parametrize("attention", VARIANTS)
 def test_loglikelihood_equals_stepwise_sum(attention):
     model = tiny_gpt(attention)
-    if attention == "super":  # make W^A matter: away from its identity initialisation
-        with torch.no_grad():
-            for block in model.transformer.h:
-                block.attn.align_weight.add_(0.1 * torch.randn_like(block.attn.align_weight))
     tok = CharTokenizer(CHARS)
     pairs = [(tok.encode("A man is on a roof. He"), tok.encode(" is nailing shingles.")),
              (tok.encode("Short"), tok.encode(" x")),
@@ -220,37 +202,28 @@ def test_loglikelihood_equals_stepwise_sum(attention):
 def test_a_long_context_is_cut_from_the_left_and_long_endings_are_counted():
     model = tiny_gpt("standard", block_size=16)
     tok = CharTokenizer(CHARS)
-    context, continuation = tok.encode("a long context that does not fit the window"), tok.encode(" ends")
+    context = tok.encode("a long context that does not fit the window")
+    continuation = tok.encode(" ends")
     [(total, n)] = eh.continuation_logprobs(model, [(context, continuation)])
     window = (context + continuation)[-17:]  # block_size + 1: the first token only conditions
     assert n == len(continuation)
-    assert total == pytest.approx(stepwise_logprob(model, window[:-len(continuation)], continuation),
-                                  abs=1e-4)
+    expected = stepwise_logprob(model, window[:-len(continuation)], continuation)
+    assert total == pytest.approx(expected, abs=1e-4)
     [(_, n)] = eh.continuation_logprobs(model, [(context, tok.encode(" " + "y" * 20))])
     assert n == 16  # an ending longer than the block: its last block_size tokens
-    # " " + ending: 21, 2, 17 and 16 tokens; the first and third exceed block_size in both texts,
-    # and count once each
+    # " " + ending: 21, 2, 17, 16 tokens; the 1st and 3rd exceed the block in both texts: 2 endings
     long, short = example(["a" * 20, "b", "c" * 16, "d" * 15], 0), example(["a", "b", "c", "d"], 1)
     scored = eh.score_batch(model, [long, short], tok, True, "cpu", "float32")
     assert [n_cut for _, n_cut in scored] == [2, 0]
     assert eh.score_batch(model, [minimal(long)], tok, False, "cpu", "float32")[0][1] == 2
     result = eh.evaluate(model, [long, short, long], tok, batch_size=2)
     assert result["n_endings_truncated"] == 4
-    assert eh.accuracies_line(result).endswith(", 4 endings were longer than block_size and only "
-                                               "partly scored")
+    assert eh.accuracies_line(result).endswith(
+        ", 4 endings were longer than block_size and only partly scored")
 
 
 # -----------------------------------------------------------------------------
 # the data file
-
-def test_load_examples_limit_and_blank_lines(tmp_path):
-    path = tmp_path / "hs.jsonl"
-    path.write_text("".join(json.dumps(example(SET1, str(i % 4) if i % 2 else i % 4)) + "\n\n"
-                            for i in range(5)))
-    assert len(eh.load_examples(path)) == 5
-    examples = eh.load_examples(path, limit=2)
-    assert [e["label"] for e in examples] == [0, 1] and examples[1]["_line"] == 3
-
 
 @pytest.mark.parametrize("bad_line", [
     b"{not json",
@@ -263,14 +236,18 @@ def test_load_examples_limit_and_blank_lines(tmp_path):
         {**example(SET1, 0), "label": True},
         {**example(SET1, 0), "label": "+1"},
         {**example(SET1, 0), "ctx_a": None},
-        minimal({**example(SET1, 0), "ctx": 3}),
+        {**example(SET1, 0), "ctx": 3},
         {k: v for k, v in example(SET1, 0).items() if k != "ctx"},
-        {k: v for k, v in example(SET1, 0).items() if k != "label"},  # as HellaSwag's test file
+        {k: v for k, v in example(SET1, 0).items() if k != "label"},  # HellaSwag's test file
     ]),
 ])
 def test_a_malformed_line_is_refused_with_its_number(tmp_path, bad_line):
     path = tmp_path / "hs.jsonl"
-    path.write_bytes(json.dumps(example(SET1, 0)).encode() + b"\n\n" + bad_line + b"\n")
+    path.write_bytes(json.dumps(example(SET1, "2")).encode() + b"\n\n" + bad_line + b"\n")
+    [first] = eh.load_examples(path, limit=1)  # a label as a string, a blank line, a limit
+    assert first["label"] == 2 and first["_line"] == 1
+    said = []  # during training: no HellaSwag scores, said once, and training goes on
+    assert eh.examples_for_training(path, 0, CHAR_META, said.append) is None and len(said) == 1
     with pytest.raises(eh.HellaSwagError, match=rf"^{re.escape(str(path))}, line 3: "):
         eh.load_examples(path)
 
@@ -278,101 +255,95 @@ def test_a_malformed_line_is_refused_with_its_number(tmp_path, bad_line):
 def test_minimal_examples_give_the_nanogpt_accuracies_only(hellaswag_file):
     examples = eh.load_examples(hellaswag_file)
     tok = WordTokenizer()
-    for some_minimal in ([minimal(ex) for ex in examples], examples[:3] + [minimal(examples[3])] + examples[4:]):
+    for some_minimal in ([minimal(ex) for ex in examples], [*examples[:7], minimal(examples[7])]):
         result = eh.evaluate(StubLM(tok), some_minimal, tok, "cpu", batch_size=3)
         assert (result["acc"], result["acc_norm"]) == (EXPECTED["acc"], EXPECTED["acc_norm"])
         assert (result["acc_char_norm"], result["acc_harness"]) == (None, None)
         assert result["correct"] == {"acc": 4, "acc_norm": 3}
-    assert eh.accuracies_line(result) == ("acc 0.5000 (4/8), acc_norm 0.3750 (3/8), acc_char_norm n/a, "
-                                          "acc_harness n/a")
+    assert eh.accuracies_line(result) == ("acc 0.5000 (4/8), acc_norm 0.3750 (3/8), "
+                                          "acc_char_norm n/a, acc_harness n/a")
 
 
 def test_download(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
     with pytest.raises(eh.HellaSwagError, match=r"^could not download .* pass --data_file "):
-        eh.download_hellaswag(tmp_path / "cache", url="http://127.0.0.1:9/hellaswag_val.jsonl", timeout=5)
-    assert eh.HELLASWAG_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
+        eh.download_hellaswag(cache, url="http://127.0.0.1:9/hellaswag_val.jsonl", timeout=5)
 
-    class Dropped(io.BytesIO):
-        def read(self):
-            raise http.client.IncompleteRead(b"partial", 11_000_000)  # no OSError
+    def dropped(url, timeout):
+        raise http.client.IncompleteRead(b"partial", 11_000_000)  # no OSError
 
-    monkeypatch.setattr(eh.urllib.request, "urlopen", lambda url, timeout: Dropped())
+    monkeypatch.setattr(eh.urllib.request, "urlopen", dropped)
     with pytest.raises(eh.HellaSwagError, match="IncompleteRead"):
-        eh.download_hellaswag(tmp_path / "cache")
-    assert list(tmp_path.rglob("*")) in ([], [tmp_path / "cache"])  # no partial file left behind
-    official = json.dumps(example(SET1, 0)) + "\n"
-    monkeypatch.setattr(eh.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(official.encode()))
-    path = eh.download_hellaswag(tmp_path / "cache")
-    assert path == tmp_path / "cache" / eh.HELLASWAG_FILENAME and path.read_text() == official
+        eh.download_hellaswag(cache)
+    assert list(tmp_path.rglob("*")) in ([], [cache])  # no partial file left behind
+    data = json.dumps(example(SET1, 0)).encode() + b"\n"
+    monkeypatch.setattr(eh.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(data))
+    path = eh.download_hellaswag(cache)
+    assert path == cache / eh.HELLASWAG_FILENAME and path.read_bytes() == data
     monkeypatch.setattr(eh.urllib.request, "urlopen", None)  # the cached copy, without a download
-    assert eh.download_hellaswag(tmp_path / "cache") == path
+    assert eh.download_hellaswag(cache) == path
+    # under torchrun rank 0 downloads; the others wait, then take its copy or its error
+    monkeypatch.setattr(eh, "download_hellaswag", lambda cache_dir: pytest.fail("not rank 0"))
+    monkeypatch.setattr(eh, "first_on_any_rank", lambda error: "could not download")  # rank 0's
+    with pytest.raises(eh.HellaSwagError, match="could not download"):
+        eh.find_data_file(None, cache, rank=1, launched=True)
 
 
 # -----------------------------------------------------------------------------
 # end to end: checkpoints written by train.py, the command line, DDP
 
 def quick_overrides(tmp_path, **extra):
-    """A 2-iteration run of a tiny model on a character dataset that holds every character of CHARS."""
+    """train.py's arguments for 2 iterations of a tiny model on characters that cover CHARS."""
     data_dir = tmp_path / "data"
     if not data_dir.exists():
-        prepare("A man is sitting on a roof. He starts pulling up roofing. " * 40 + CHARS, data_dir, "test")
-    overrides = dict(out_dir=str(tmp_path / "out"), data_dir=str(data_dir), max_iters=2, eval_interval=2,
-                     eval_iters=1, log_interval=1, warmup_iters=0, lr_decay_iters=2, batch_size=2,
-                     block_size=32, n_layer=1, n_head=2, n_embd=16, device="cpu", compile=False, **extra)
-    return [str(REPO / "config" / "quickstart.py"), *(format_override(k, v) for k, v in overrides.items())]
-
-
-def quick_train(tmp_path, **extra):
-    import train
-
-    config = get_config(quick_overrides(tmp_path, **extra))
-    train.train(config, verbose=False)
-    return Path(config["out_dir"])
+        prepare("A man is sitting on a roof. He pulls up roofing. " * 40 + CHARS, data_dir, "test")
+    overrides = dict(out_dir=str(tmp_path / "out"), data_dir=str(data_dir), max_iters=2,
+                     eval_interval=2, eval_iters=1, log_interval=1, warmup_iters=0,
+                     lr_decay_iters=2, batch_size=2, block_size=32, n_layer=1, n_head=2, n_embd=16,
+                     device="cpu", **extra)
+    quickstart = str(REPO / "config" / "quickstart.py")
+    return [quickstart, *map(format_override, overrides, overrides.values())]
 
 
 def hellaswag_records(out_dir):
-    return [r for r in map(json.loads, (out_dir / "log.jsonl").read_text().splitlines())
-            if r["type"] == "hellaswag"]
+    records = map(json.loads, (out_dir / "log.jsonl").read_text().splitlines())
+    return [r for r in records if r["type"] == "hellaswag"]
 
 
-def test_end_to_end_on_a_trained_checkpoint(tmp_path, hellaswag_file, capsys):
-    out_dir = quick_train(tmp_path)
-    output = tmp_path / "results.json"
-    capsys.readouterr()
-    assert eh.main(["--out_dir", str(out_dir), "--data_file", str(hellaswag_file), "--output", str(output),
-                    "--batch_size", "2", "--limit", "5", "--no_progress"]) == 0
-    results = json.loads(output.read_text())
-    # what the library scores one example at a time: batching changes no count
-    alone = eh.evaluate_checkpoint(out_dir, hellaswag_file, limit=5, device="cpu", dtype="float32")
-    assert results["n"] == alone["n"] == 5 and results["correct"] == alone["correct"]
-    assert all(results[m] == results["correct"][m] / 5 for m in eh.METRICS)
-    assert results["settings"]["tokenizer"] == "char" and results["settings"]["batch_size"] == 2
-    assert capsys.readouterr().out == f"{eh.accuracies_line(results)}\nresults written to {output}\n"
+def test_during_training_and_from_the_checkpoint(tmp_path, hellaswag_file, capsys, monkeypatch):
+    import train
 
-
-def test_hellaswag_during_training(tmp_path, hellaswag_file):
-    out_dir = quick_train(tmp_path, attention="efficient", hellaswag_interval=1,
-                          hellaswag_file=str(hellaswag_file), hellaswag_limit=3, hellaswag_batch_size=2)
+    config = get_config(quick_overrides(tmp_path, attention="efficient", hellaswag_interval=1,
+                                        hellaswag_file=str(hellaswag_file), hellaswag_limit=5,
+                                        hellaswag_batch_size=2))
+    train.train(config, verbose=False)
+    out_dir = Path(config["out_dir"])
     records = hellaswag_records(out_dir)
-    assert records and all(r["n"] == 3 for r in records)
-    # the last score is that of the final weights, as eval_hellaswag.py finds them in the checkpoint
-    alone = eh.evaluate_checkpoint(out_dir, hellaswag_file, limit=3, device="cpu", dtype="float32")
+    # the last score is that of the final weights, as eval_hellaswag.py finds them in ckpt.pt,
+    # one example at a time, in float32: batching changes no count
+    alone = eh.evaluate_checkpoint(out_dir, hellaswag_file, limit=5, device="cpu", dtype="float32")
+    assert records and all(r["n"] == 5 for r in records) and alone["n"] == 5
     assert records[-1]["iter"] == alone["iter_num"] and records[-1]["correct"] == alone["correct"]
-
-
-def test_text_the_tokenizer_cannot_encode_turns_hellaswag_off_in_training(tmp_path):
-    path = tmp_path / "hs.jsonl"
-    path.write_text(json.dumps(example(["a", "b", "c", "d"], 0, ctx_b="he says \u2014 nothing")) + "\n")
-    said = []
-    meta = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "tokens": {"train": 1, "val": 1}}
-    assert eh.examples_for_training(path, 0, meta, said.append) is None
-    assert len(said) == 1 and said[0].startswith("warning: HellaSwag evaluation is off") and "line 1" in said[0]
+    capsys.readouterr()
+    output = tmp_path / "results.json"
+    args = ["--out_dir", str(out_dir), "--data_file", str(hellaswag_file), "--output", str(output),
+            "--batch_size", "3", "--limit", "5", "--no_progress"]
+    assert eh.main(args) == 0
+    results = json.loads(output.read_text())
+    assert results["correct"] == alone["correct"] and results["settings"]["world_size"] == 1
+    assert all(results[m] == results["correct"][m] / 5 for m in eh.METRICS)
+    line = eh.accuracies_line(results)
+    assert capsys.readouterr().out.splitlines() == [line, f"results written to {output}"]
+    # a results file that cannot be written: the accuracies are printed all the same
+    monkeypatch.setattr(eh, "write_text_atomic", lambda *a: os.open("/no/such/r", 0))
+    assert eh.main(args) == 1
+    out, err = capsys.readouterr()
+    assert out == line + "\n" and err.endswith("No such file or directory: '/no/such/r'\n")
 
 
 def save_char_checkpoint(model, folder):
-    save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(), "iter_num": 0,
-                     "meta": {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS,
-                              "tokens": {"train": 1, "val": 1}}}, folder / "ckpt.pt")
+    save_checkpoint({"model_args": {**vars(model.config)}, "model": model.state_dict(),
+                     "iter_num": 0, "meta": CHAR_META}, folder / "ckpt.pt")
 
 
 @pytest.mark.parametrize("args, error", [
@@ -384,13 +355,13 @@ def save_char_checkpoint(model, folder):
     (["--data_file=bad.jsonl"], "bad.jsonl, line 2: not valid JSON"),
     (["--data_file=dash.jsonl"], "example on line 9: characters not in the vocabulary"),
 ])
-def test_bad_arguments_are_one_error_line_before_the_download_or_scoring(tmp_path, hellaswag_file, capsys,
-                                                                        monkeypatch, args, error):
+def test_a_bad_argument_is_one_error_line_before_the_download_and_scoring(
+        tmp_path, hellaswag_file, capsys, monkeypatch, args, error):
     monkeypatch.chdir(tmp_path)
     save_char_checkpoint(tiny_gpt("standard"), tmp_path)
     (tmp_path / "bad.jsonl").write_text(json.dumps(example(SET1, 0)) + "\n{oops\n")
-    with open(tmp_path / "dash.jsonl", "w") as f:  # an unknown character on line 9, after 8 good ones
-        f.write(hellaswag_file.read_text() + json.dumps(example(["a", "b", "c", "d \u2014 e"], 0)) + "\n")
+    unknown = json.dumps(example(["a", "b", "c", "d \u2014 e"], 0))  # on line 9, after 8 good ones
+    (tmp_path / "dash.jsonl").write_text(hellaswag_file.read_text() + unknown + "\n")
     monkeypatch.setattr(eh, "download_hellaswag", lambda *a: pytest.fail("downloaded"))
     monkeypatch.setattr(eh, "score_batch", lambda *a: pytest.fail("scored"))
     assert eh.main(["--out_dir=.", "--no_progress", *args]) == 1
@@ -398,22 +369,10 @@ def test_bad_arguments_are_one_error_line_before_the_download_or_scoring(tmp_pat
     assert err.startswith("error: ") and error in err and err.count("\n") == 1, err
 
 
-def test_a_failed_write_keeps_the_printed_results(tmp_path, hellaswag_file, capsys, monkeypatch):
-    save_char_checkpoint(tiny_gpt("standard"), tmp_path)
-
-    def disk_full(*args):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(eh, "write_text_atomic", disk_full)
-    assert eh.main(["--out_dir", str(tmp_path), "--data_file", str(hellaswag_file), "--no_progress",
-                    "--limit", "2"]) == 1
-    out, err = capsys.readouterr()
-    assert out.startswith("acc ") and err.endswith("error: [Errno 28] No space left on device\n")
-
-
 def torchrun(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=240,
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=240,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
 
 
@@ -426,44 +385,20 @@ def test_ddp_splits_examples_and_sums_counts(tmp_path, hellaswag_file):
     assert proc.returncode == 0, proc.stderr
     a, b = (json.loads((tmp_path / name).read_text()) for name in ("single.json", "ddp.json"))
     assert b["settings"]["world_size"] == 2 and b["n"] == a["n"] == len(FILE_KINDS)
-    assert {m: b[m] for m in (*eh.METRICS, "correct")} == {m: a[m] for m in (*eh.METRICS, "correct")}
+    assert [b[m] for m in (*eh.METRICS, "correct")] == [a[m] for m in (*eh.METRICS, "correct")]
 
 
 @pytest.mark.slow
 def test_hellaswag_during_ddp_training_logs_what_one_process_scores(tmp_path, hellaswag_file):
-    """Two ranks share 5 examples (unequal shares); the summed counts are those one process gets."""
+    """Two ranks share 5 examples (unequal shares); the summed counts are one process's."""
     argv = quick_overrides(tmp_path, hellaswag_interval=2, hellaswag_file=str(hellaswag_file),
                            hellaswag_limit=5, gradient_accumulation_steps=2)
     proc = torchrun(REPO / "train.py", *argv, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [logged] = hellaswag_records(tmp_path / "out")
-    alone = eh.evaluate_checkpoint(tmp_path / "out", hellaswag_file, limit=5, device="cpu", dtype="float32")
+    alone = eh.evaluate_checkpoint(tmp_path / "out", hellaswag_file, limit=5, device="cpu",
+                                   dtype="float32")
     assert logged["n"] == alone["n"] == 5 and logged["correct"] == alone["correct"]
-
-
-@pytest.mark.slow
-def test_a_failed_download_under_torchrun_is_not_retried_by_the_other_ranks(tmp_path):
-    script = tmp_path / "download.py"
-    script.write_text(f"""import os, sys
-import torch.distributed as dist
-import eval_hellaswag as eh
-
-def download(cache_dir):
-    print(f"rank {{os.environ['RANK']}} downloads", flush=True)
-    raise eh.HellaSwagError("no network")
-
-eh.download_hellaswag = download
-dist.init_process_group("gloo")
-try:
-    eh.find_data_file(None, "cache", dist.get_rank(), launched=True)
-except eh.HellaSwagError as e:
-    print(f"rank {{dist.get_rank()}}: {{e}}", flush=True)
-dist.destroy_process_group()
-""")
-    proc = torchrun(script, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert sorted(re.findall(r"rank \d.*", proc.stdout)) == ["rank 0 downloads", "rank 0: no network",
-                                                            "rank 1: no network"]
 
 
 @needs_bpe
@@ -471,10 +406,9 @@ def test_gpt2_bpe_tokenization_of_endings(hellaswag_file):
     from tokenizer import GPT2Tokenizer, gpt2_encoding
 
     tok, enc = GPT2Tokenizer(), gpt2_encoding()
-    ex = eh.load_examples(hellaswag_file, limit=1)[0]
-    pairs, _ = eh.example_requests(ex, tok)
-    assert pairs[2] == (enc.encode(ex["ctx"]), enc.encode(" c c c c"))
-    assert pairs[4] == (enc.encode("Roofing: A man is sitting on a roof. He number 0"), enc.encode(" a"))
-    result = eh.evaluate(tiny_gpt("super", vocab_size=50304), eh.load_examples(hellaswag_file, limit=2), tok,
-                         "cpu", batch_size=2)
-    assert result["n"] == 2
+    examples = eh.load_examples(hellaswag_file, limit=2)
+    pairs, _ = eh.example_requests(examples[0], tok)
+    assert pairs[2] == (enc.encode(examples[0]["ctx"]), enc.encode(" c c c c"))
+    query = "Roofing: A man is sitting on a roof. He number 0"
+    assert pairs[4] == (enc.encode(query), enc.encode(" a"))
+    assert eh.evaluate(tiny_gpt("super", vocab_size=50304), examples, tok, "cpu", 2)["n"] == 2
