@@ -2,7 +2,6 @@
 every test but test_gpu.py sees it (conftest)."""
 import io
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -98,7 +97,10 @@ def test_sigterm_is_a_ctrl_c_inside_sigterm_as_ctrl_c_and_only_there():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_a_script_exits_with_mains_status_and_a_ctrl_c_is_one_line_and_130(capsys):
+@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
+def test_a_script_exits_with_mains_status_and_a_ctrl_c_is_one_line_and_130(rank, said, monkeypatch,
+                                                                             capsys):
+    """A Ctrl-C reaches every process torchrun started: one line for the run, from rank 0."""
     with pytest.raises(SystemExit) as exit:
         run_script(lambda: 3, "stopped by Ctrl-C")
     assert exit.value.code == 3
@@ -106,21 +108,11 @@ def test_a_script_exits_with_mains_status_and_a_ctrl_c_is_one_line_and_130(capsy
     def interrupted():
         raise KeyboardInterrupt
 
-    with pytest.raises(SystemExit) as exit:
-        run_script(interrupted, "stopped by Ctrl-C; nothing was written")
-    assert exit.value.code == 130 and capsys.readouterr().err == "stopped by Ctrl-C; nothing was written\n"
-
-
-@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
-def test_under_torchrun_only_rank_0_says_what_a_ctrl_c_kept(rank, said, monkeypatch, capsys):
-    """The Ctrl-C reaches every process torchrun started: one line for the run, not one per process."""
-    def interrupted():
-        raise KeyboardInterrupt
-
     monkeypatch.setenv("RANK", rank)
     with pytest.raises(SystemExit) as exit:
-        run_script(interrupted, "stopped by Ctrl-C")
-    assert exit.value.code == 130 and capsys.readouterr().err == ("stopped by Ctrl-C\n" if said else "")
+        run_script(interrupted, "stopped by Ctrl-C; nothing was written")
+    said = "stopped by Ctrl-C; nothing was written\n" if said else ""
+    assert exit.value.code == 130 and capsys.readouterr().err == said
 
 
 def test_autocast_only_for_half_precision():
@@ -143,20 +135,6 @@ def test_a_gpu_index_beyond_the_gpus_is_refused_before_it_is_used(two_gpus):
     assert resolve_device("cuda:1") == "cuda:1"
     with pytest.raises(ValueError, match=r"device='cuda:2': torch sees 2 GPUs here, cuda:0 to cuda:1"):
         resolve_device("cuda:2")
-
-
-@pytest.mark.parametrize("device, local_rank, message", [
-    ("cuda:1", 0, "device='cuda:1' names one GPU, but under torchrun each process takes the GPU of its LOCAL_RANK"),
-    ("cuda", 2, "LOCAL_RANK=2, but torch sees 2 GPU(s) on this node"),  # --nproc_per_node=3 on two GPUs
-])
-def test_under_torchrun_a_process_without_its_own_gpu_is_one_error(device, local_rank, message, two_gpus,
-                                                                    monkeypatch):
-    import train
-    from configurator import ConfigError
-
-    monkeypatch.setenv("RANK", "0")
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        train.choose_device({"device": device, "dtype": "float32"}, True, local_rank)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from Linux's /proc")
