@@ -251,7 +251,7 @@ def evaluate(model, examples, tokenizer, device="cpu", batch_size=1, dtype="floa
     correct, truncated = dict.fromkeys(metrics, 0), 0
     was_training = model.training
     model.eval()  # no dropout while scoring
-    with tqdm(total=len(mine), desc=f"hellaswag rank {rank}", disable=not progress) as bar:
+    with tqdm(total=len(mine), desc="hellaswag", disable=not progress) as bar:
         for start in range(0, len(mine), batch_size):
             batch = mine[start:start + batch_size]
             scores = score_batch(model, batch, tokenizer, harness, device, dtype)
@@ -364,8 +364,8 @@ def run_evaluation(args, launched):
     check_encodable(examples, tokenizer)  # now, not at an unknown character hours into scoring
     if rank == 0:
         print(f"HellaSwag: {len(examples)} examples from {data_file}; {info['attention']} "
-              f"attention, {info['tokenizer']} tokenizer, block_size {model.config.block_size}, "
-              f"{device}, {dtype}, {world_size} process(es)", file=sys.stderr)
+              f"attention, {info['tokenizer']} tokenizer, {device}, {dtype}, world size "
+              f"{world_size}", file=sys.stderr)
     t0 = time.time()
     results = evaluate(model, examples, tokenizer, device, args.batch_size, dtype, rank,
                        world_size, progress=not args.no_progress and rank == 0)
