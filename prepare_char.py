@@ -121,8 +121,8 @@ def main(argv=None):
         print(stopped_note(args.out_dir), file=sys.stderr)
         return 130
     train, val = meta["tokens"].values()
-    print(f"{source}: {len(text):,} characters, vocab {meta['vocab_size']}, {train:,} train / "
-          f"{val:,} val tokens -> {args.out_dir}")
+    print(f"wrote {args.out_dir}: {len(text):,} characters, vocab {meta['vocab_size']}, "
+          f"{train:,} train / {val:,} val tokens")
     return 0
 
 

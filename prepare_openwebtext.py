@@ -412,8 +412,8 @@ def main(argv=None):
         print(stopped_note(out_dir), file=sys.stderr)
         sys.exit(130)
     (train, val), (train_docs, val_docs) = meta["tokens"].values(), meta["documents"].values()
-    print(f"wrote {out_dir}: {train:,} train tokens ({train_docs:,} documents), {val:,} val tokens "
-          f"({val_docs:,} documents), {meta['empty_documents_skipped']:,} empty documents skipped")
+    print(f"wrote {out_dir}: {train:,} train / {val:,} val tokens, {train_docs:,} / {val_docs:,} "
+          f"documents, {meta['empty_documents_skipped']:,} empty skipped")
 
 
 if __name__ == "__main__":

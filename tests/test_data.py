@@ -1,7 +1,5 @@
-"""data.py's batches: each target is the token that follows its input, and the offsets reach every
-window of the file and none past its end. The data contract's edges: ids at the vocabulary size,
-token counts, the model's vocabulary, a resume on other characters. (Its other checks are tested
-through train.py, in tests/test_train.py.)"""
+"""data.py: batches whose targets follow their inputs, over every window of the file; the data's
+edges (ids, counts, the model's vocabulary, a resume's characters); more in tests/test_train.py."""
 import numpy as np
 import pytest
 import torch

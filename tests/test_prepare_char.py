@@ -77,8 +77,8 @@ def test_a_local_file_is_read_with_its_line_ends_made_newlines(tmp_path, capsys)
     assert decoded(out) == "First Citizen:\nBefore we proceed\nany further.\n" * 20
     assert read_meta(out)["source"] == "file:input.txt"
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
-    assert capsys.readouterr().out == f"file:input.txt: 920 characters, vocab 24, 828 train / " \
-                                      f"92 val tokens -> {out}\n"
+    assert capsys.readouterr().out == f"wrote {out}: 920 characters, vocab 24, 828 train / 92 " \
+                                      f"val tokens\n"
 
 
 def test_the_download_is_kept_beside_the_dataset(tmp_path, monkeypatch):

@@ -437,6 +437,5 @@ def test_the_c4_preset_streams_allenai_c4_en_into_data_c4(tmp_path, monkeypatch,
         ["allenai/c4", "en", "validation", 300]
     (train, val), (train_docs, val_docs) = meta["tokens"].values(), meta["documents"].values()
     assert 0 < train <= 240 and 0 < val <= 60 and train_docs < 30  # the budget stopped it
-    assert capsys.readouterr().out == (
-        f"wrote data/c4: {train} train tokens ({train_docs} documents), {val} val tokens "
-        f"({val_docs} documents), 0 empty documents skipped\n")
+    assert capsys.readouterr().out == (f"wrote data/c4: {train} train / {val} val tokens, "
+                                       f"{train_docs} / {val_docs} documents, 0 empty skipped\n")
