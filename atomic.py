@@ -12,9 +12,9 @@ from pathlib import Path
 
 @contextmanager
 def atomic_path(path):
-    """Yield a temporary path beside `path` for the caller to fill; on a clean exit it replaces `path`,
-    on an exception (Ctrl-C included) it is removed. atomic_file opens it; a writer that needs a name,
-    not a file object, fills it itself and flushes what it wrote before the block ends."""
+    """Yield a temporary path beside `path` for the caller to fill; on a clean exit it replaces
+    `path`, on an exception (Ctrl-C included) it is removed. atomic_file opens it; a writer that
+    needs a name, not a file object, fills it itself and flushes what it wrote before the end."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -28,10 +28,9 @@ def atomic_path(path):
 
 
 def sync_folder(folder):
-    """Flush a folder's entries to disk: a rename is durable only then, so that after a power cut the
-    new file is under its name (fsyncing the file itself keeps only its contents). Best effort: where a
-    folder cannot be opened or fsynced (some network and WSL mounts, a folder without read permission),
-    the rename is done all the same, and an error would only misreport it. POSIX only."""
+    """Flush a folder's entries to disk: only then is a rename durable through a power cut (an
+    fsync of the file keeps only its contents). Best effort, POSIX only: where a folder cannot be
+    opened or fsynced (some network and WSL mounts), the rename is done all the same."""
     if os.name != "posix":
         return
     try:
@@ -49,8 +48,8 @@ def sync_folder(folder):
 @contextmanager
 def atomic_file(path, mode="w", encoding=None):
     """Open a temporary file beside `path` for writing; on a clean exit it is flushed to disk and
-    replaces `path`, on an exception it is removed. Created with open(), so it gets the umask's permissions."""
-    with atomic_path(path) as tmp, open(tmp, mode, encoding=encoding if "b" not in mode else None) as f:
+    replaces `path`, on an exception it is removed. Made by open(), with the umask's permissions."""
+    with atomic_path(path) as tmp, open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
         yield f
         f.flush()
         os.fsync(f.fileno())
@@ -62,18 +61,19 @@ def write_text_atomic(path, text):
 
 
 def why_not_writable(folder, error):
-    """The reason an OSError from making or writing in `folder` gives, in words: where a file stands in
-    place of the folder or one above it, that file (mkdir's own "File exists" names no culprit)."""
+    """The reason an OSError from making or writing in `folder` gives, in words: where a file
+    stands in place of the folder or one above it, that file (mkdir's "File exists" names none)."""
     in_the_way = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if isinstance(error, (FileExistsError, NotADirectoryError)) and in_the_way is not None:
         return f"{in_the_way} is a file, not a folder"
-    return f"{error.strerror}: {error.filename}" if error.strerror and error.filename else error.strerror or str(error)
+    return (f"{error.strerror}: {error.filename}" if error.strerror and error.filename
+            else error.strerror or str(error))
 
 
 def remove_abandoned(path):
-    """Remove the temporary files of `path` whose writer is gone: what a SIGKILL, an out-of-memory kill
-    or a power cut left mid-write, where no handler ran (a full train.bin's worth for OpenWebText).
-    Those of a running process (another writer) are left be. Returns the paths removed."""
+    """Remove the temporary files of `path` whose writer is gone: what a SIGKILL, an out-of-memory
+    kill or a power cut left mid-write (a full train.bin's worth for OpenWebText). Those of a
+    running process (another writer) are left be. Returns the paths removed."""
     path = Path(path)
     removed = []
     for tmp in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):

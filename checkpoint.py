@@ -1,16 +1,15 @@
 """
-Everything a training run keeps on disk in its out_dir, and how it comes back:
+Everything a training run keeps in its out_dir, and how it comes back:
 
-    ckpt.pt        model_args, model (a state_dict without torch.compile's "_orig_mod."), optimizer,
-                   iter_num, evaluated, best_val_loss, config, rng, meta (the dataset's meta.json, so the
-                   tokenizer travels along), run_id, totals (runlog.run_totals), scaler (float16 only)
-    ckpt_sharded/  an FSDP run's resume point: model and optimizer shards (torch.distributed.checkpoint)
-                   and train_state.pt; its ckpt.pt then holds the gathered model, no optimizer
+    ckpt.pt        model_args, model (state_dict without torch.compile's "_orig_mod."), optimizer,
+                   iter_num, evaluated, best_val_loss, config, rng, meta (the dataset's meta.json:
+                   the tokenizer travels along), run_id, totals (runlog.run_totals), scaler (fp16)
+    ckpt_sharded/  an FSDP run's resume point: model and optimizer shards (torch.distributed.
+                   checkpoint) and train_state.pt; its ckpt.pt then holds the gathered model only
     train.lock     held by the live run, so that a second run on the same out_dir stops at once
 
-Every file is written atomically (atomic.py) and read with torch.load(weights_only=True); a checkpoint
-holding NaN or inf is never written. load_model_and_tokenizer is what sample.py, eval_hellaswag.py and
-compare.py load. A checkpoint NanoGPT's train.py wrote loads for sampling and scoring too.
+Every file is written atomically (atomic.py), never holding NaN or inf, and read with
+torch.load(weights_only=True). load_model_and_tokenizer reads NanoGPT's checkpoints too.
 """
 
 import argparse
@@ -29,15 +28,15 @@ from atomic import atomic_file, sync_folder
 from data import check_same_tokens, config_data_dir
 from model import GPT, PRETRAINED_GPT2, GPTConfig
 from runtime import DTYPES
-from tokenizer import META_FILENAME, NANOGPT_META_FILENAME, GPT2Tokenizer, read_meta, read_nanogpt_meta
-from tokenizer import tokenizer_from_meta
+from tokenizer import (META_FILENAME, NANOGPT_META_FILENAME, GPT2Tokenizer, read_meta,
+                       read_nanogpt_meta, tokenizer_from_meta)
 
 CHECKPOINT_NAME = "ckpt.pt"
 LOG_NAME = "log.jsonl"
 SUMMARY_NAME = "summary.json"
 LOCK_NAME = "train.lock"
 SHARDED_NAME = "ckpt_sharded"
-TRAIN_STATE_NAME = "train_state.pt"  # inside ckpt_sharded/, written last: it marks the folder complete
+TRAIN_STATE_NAME = "train_state.pt"  # inside ckpt_sharded/, written last: the folder is complete
 COMPILED_PREFIX = "_orig_mod."
 
 
@@ -46,8 +45,8 @@ class CheckpointError(RuntimeError):
 
 
 def lock_out_dir(out_dir):
-    """Claim out_dir for one run: a lock on out_dir/train.lock, held until the returned file is closed
-    or the process ends (even by SIGKILL), so that a second run stops before it writes anything."""
+    """Claim out_dir for one run: a lock on train.lock, held until the returned file is closed or
+    the process ends (even by SIGKILL), so that a second run stops before it writes."""
     path = Path(out_dir) / LOCK_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = open(path, "a+", encoding="utf-8")
@@ -57,8 +56,8 @@ def lock_out_dir(out_dir):
         lock.seek(0)
         holder = lock.read().strip() or "unknown"
         lock.close()
-        raise CheckpointError(f"{out_dir} is in use by another training run (PID {holder}): wait for it, "
-                              f"or choose another out_dir") from None
+        raise CheckpointError(f"{out_dir} is in use by another training run (PID {holder}): "
+                              f"wait for it, or choose another out_dir") from None
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
@@ -70,20 +69,19 @@ def holds_checkpoint(out_dir):
 
 
 def first_non_finite(checkpoint):
-    """The name of the first tensor of the model or optimizer state holding NaN or inf, else None."""
+    """The name of the first model or optimizer state tensor holding NaN or inf, else None."""
     named = list(checkpoint.get("model", {}).items())
     for index, state in (checkpoint.get("optimizer") or {}).get("state", {}).items():
         named += [(f"optimizer state {index} {key}", value) for key, value in state.items()]
     for name, value in named:
-        local = value.to_local() if hasattr(value, "to_local") else value  # an FSDP shard: this rank's
+        local = value.to_local() if hasattr(value, "to_local") else value  # FSDP: this rank's
         if torch.is_tensor(local) and local.is_floating_point() and not torch.isfinite(local).all():
             return name
     return None
 
 
 def save_checkpoint(checkpoint, path):
-    """Write atomically: a crash at any moment leaves the old checkpoint or the new one, never a torn
-    file. A checkpoint holding NaN or inf is refused, so the last good one stays."""
+    """Write atomically (never a torn file); NaN or inf is refused, so the last good one stays."""
     bad = first_non_finite(checkpoint)
     if bad is not None:
         raise CheckpointError(f"refusing to write {path}: {bad} holds NaN or inf values")
@@ -92,24 +90,25 @@ def save_checkpoint(checkpoint, path):
 
 
 def existing_checkpoint_path(path):
-    """The checkpoint file, given it or the out_dir that holds ckpt.pt; a CheckpointError if none."""
+    """The checkpoint file, given it or the out_dir holding ckpt.pt; a CheckpointError if none."""
     path = Path(path)
     path = path / CHECKPOINT_NAME if path.is_dir() else path
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}: pass a training run's out_dir or its ckpt.pt")
+        raise CheckpointError(f"no checkpoint at {path}: "
+                              f"pass a training run's out_dir or its ckpt.pt")
     return path
 
 
 def read_checkpoint_file(path, map_location="cpu"):
-    """torch.load(weights_only=True), with one line saying what is wrong with a file that is not ours."""
+    """torch.load(weights_only=True), with one line saying what is wrong with a file not ours."""
     if not zipfile.is_zipfile(path):
-        raise CheckpointError(f"cannot read checkpoint {path}: it is not a torch.save archive (a truncated "
-                              f"copy, or another kind of file)")
+        raise CheckpointError(f"cannot read checkpoint {path}: it is not a torch.save archive "
+                              f"(a truncated copy, or another kind of file)")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
-        raise CheckpointError(f"cannot read checkpoint {path}: it holds Python objects besides tensors "
-                              f"and plain data, which could run arbitrary code") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: it holds Python objects besides "
+                              f"tensors and plain data, which could run arbitrary code") from None
     except Exception as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
 
@@ -120,7 +119,8 @@ def load_checkpoint(path, map_location="cpu"):
     checkpoint = read_checkpoint_file(path, map_location)
     if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("model_args"), dict)
             and isinstance(checkpoint.get("model"), dict)):
-        raise CheckpointError(f"{path} is not a checkpoint of this repo: it lacks model_args or model")
+        raise CheckpointError(f"{path} is not a checkpoint of this repo: "
+                              f"it lacks model_args or model")
     # NanoGPT's own checkpoints (no attention variant in their model_args) have the exact GELU
     if "attention" not in checkpoint["model_args"]:
         checkpoint["model_args"].setdefault("gelu_approximate", "none")
@@ -130,13 +130,13 @@ def load_checkpoint(path, map_location="cpu"):
 
 
 def load_weights(model, state_dict, where):
-    """Load a checkpoint's state dict into model, or one CheckpointError line saying what does not fit."""
+    """Load a state dict into model, or raise one CheckpointError line saying what does not fit."""
     state_dict = {k.removeprefix(COMPILED_PREFIX): v for k, v in state_dict.items()}
     try:
         model.load_state_dict(state_dict)
     except (RuntimeError, TypeError, AttributeError) as e:
-        problem = " ".join(str(e).split())
-        raise CheckpointError(f"the weights in {where} do not fit the model: {problem[:300]}") from None
+        problem = " ".join(str(e).split())[:300]
+        raise CheckpointError(f"the weights in {where} do not fit the model: {problem}") from None
 
 
 def model_from_checkpoint(checkpoint, device="cpu"):
@@ -147,47 +147,48 @@ def model_from_checkpoint(checkpoint, device="cpu"):
 
 
 def load_resume_checkpoint(out_dir, model_args, sharded=False, data=None):
-    """The checkpoint to resume from, checked to train the model requested (its model_args are then
-    the ones to build) on the same tokens (data: (meta, data_dir)). "source" names its file or folder.
-    sharded (an FSDP run): the train state of the newest complete shard folder, whose shards
-    load_sharded reads once the model is sharded."""
+    """The checkpoint to resume from ("source": its file or folder), checked to train the model
+    requested (its model_args are the ones to build) on the same tokens (data: (meta, data_dir)).
+    sharded (FSDP): the newest complete shard folder's train state; load_sharded reads shards."""
     out_dir = Path(out_dir)
     if sharded:
         checkpoint = load_train_state(out_dir)
     else:
         if not (out_dir / CHECKPOINT_NAME).is_file():
-            raise CheckpointError(f"no checkpoint at {out_dir / CHECKPOINT_NAME} to resume: start the run "
-                                  f"with init_from='scratch', or set out_dir to the run's folder")
+            raise CheckpointError(f"no checkpoint at {out_dir / CHECKPOINT_NAME} to resume: start "
+                                  f"the run with init_from='scratch', or set out_dir to the run's "
+                                  f"folder")
         checkpoint = load_checkpoint(out_dir)
         checkpoint["source"] = out_dir / CHECKPOINT_NAME
         if "sharded" in checkpoint:
             raise CheckpointError(f"{checkpoint['source']} is an FSDP run's export: resume it with "
                                   f"parallelism='fsdp' under torchrun")
+    source = checkpoint["source"]
     if data is not None:
-        check_same_tokens(checkpoint.get("meta"), *data, checkpoint["source"])
+        check_same_tokens(checkpoint.get("meta"), *data, source)
     saved = checkpoint["model_args"]
     if (checkpoint.get("config") or {}).get("init_from") in PRETRAINED_GPT2:
         # fine-tuned from OpenAI's weights: their shape, with the config's attention and context
         model_args = {**saved, **{k: model_args[k] for k in ("attention", "block_size")}}
-    differ = [f"{k} {saved.get(k)!r} in the checkpoint, {v!r} asked"
-              for k, v in model_args.items() if saved.get(k) != v and k != "dropout"]
+    differ = ", ".join(f"{k} {saved.get(k)!r} in the checkpoint, {v!r} asked"
+                       for k, v in model_args.items() if saved.get(k) != v and k != "dropout")
     if differ:
-        raise CheckpointError(f"cannot resume from {checkpoint['source']}: the model differs ({', '.join(differ)})")
+        raise CheckpointError(f"cannot resume from {source}: the model differs ({differ})")
     if "rng" not in checkpoint or not (sharded or "optimizer" in checkpoint):
-        raise CheckpointError(f"cannot resume from {checkpoint['source']}: it is not a training checkpoint "
-                              f"of this repo (one NanoGPT wrote samples and scores, but does not resume)")
+        raise CheckpointError(f"cannot resume from {source}: it is not a training checkpoint "
+                              f"of this repo (one NanoGPT wrote samples and scores, but does "
+                              f"not resume)")
     return checkpoint
 
 
 # -----------------------------------------------------------------------------
-# an FSDP run's sharded checkpoint: written as ckpt_sharded.tmp, then renamed into place once
-# train_state.pt, written last, marks it complete. A kill at any moment, even a second one during
-# the next save, leaves the newest complete folder under one of three names, where newest_shards
-# finds it and settle_shards puts it back in place.
+# an FSDP run's sharded checkpoint: written as ckpt_sharded.tmp, renamed into place once
+# train_state.pt, written last, marks it complete. A kill at any moment, even during the next save,
+# leaves the newest complete folder under one of three names: settle_shards puts it back in place.
 
 def _folders(out_dir):
     out_dir = Path(out_dir)
-    return out_dir / SHARDED_NAME, out_dir / (SHARDED_NAME + ".tmp"), out_dir / (SHARDED_NAME + ".old")
+    return out_dir / SHARDED_NAME, out_dir / f"{SHARDED_NAME}.tmp", out_dir / f"{SHARDED_NAME}.old"
 
 
 def write_shards(model, optimizer, out_dir):
@@ -195,23 +196,24 @@ def write_shards(model, optimizer, out_dir):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    if dist.get_rank() == 0:  # a complete folder a kill left under another name is put in place first
+    if dist.get_rank() == 0:  # a complete folder a kill left elsewhere goes in place first
         settle_shards(out_dir)
     dist.barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(_folders(out_dir)[1]))
+    dcp.save({"model": model_state, "optimizer": optim_state},
+             checkpoint_id=str(_folders(out_dir)[1]))
 
 
 def commit_shards(out_dir, train_state):
-    """Rank 0, after write_shards: train_state.pt completes the folder, which becomes the checkpoint."""
+    """Rank 0, after write_shards: train_state.pt completes the folder, now the checkpoint."""
     tmp = _folders(out_dir)[1]
     save_checkpoint(train_state, tmp / TRAIN_STATE_NAME)
     settle_shards(out_dir, newest=tmp)
 
 
 def settle_shards(out_dir, newest=None):
-    """Rename the newest complete folder to ckpt_sharded and remove the others. A folder cannot be
-    renamed over another, so the previous one moves aside to ckpt_sharded.old first."""
+    """Rename the newest complete folder to ckpt_sharded and remove the others (the previous one
+    moves aside to ckpt_sharded.old first: a folder cannot be renamed over another)."""
     final, tmp, old = _folders(out_dir)
     newest = newest or newest_shards(out_dir)
     if newest == tmp:
@@ -234,12 +236,13 @@ def _remove(folder):
 
 
 def newest_shards(out_dir):
-    """The complete shard folder with the highest iteration, or None; on a tie the one written last."""
+    """The complete shard folder with the highest iteration, or None; on a tie the last written."""
     final, tmp, old = _folders(out_dir)
     complete = []
     for order, folder in enumerate((old, final, tmp)):
         if (folder / TRAIN_STATE_NAME).is_file():
-            complete.append((read_checkpoint_file(folder / TRAIN_STATE_NAME)["iter_num"], order, folder))
+            iter_num = read_checkpoint_file(folder / TRAIN_STATE_NAME)["iter_num"]
+            complete.append((iter_num, order, folder))
     return max(complete)[2] if complete else None
 
 
@@ -247,8 +250,8 @@ def load_train_state(out_dir):
     """train_state.pt of the newest complete shard folder, with "source" naming the folder."""
     folder = newest_shards(out_dir)
     if folder is None:
-        raise CheckpointError(f"no sharded checkpoint at {_folders(out_dir)[0]} to resume an FSDP run from "
-                              f"(a run without FSDP resumes with parallelism='ddp')")
+        raise CheckpointError(f"no sharded checkpoint at {_folders(out_dir)[0]} to resume an FSDP "
+                              f"run from (a run without FSDP resumes with parallelism='ddp')")
     state = read_checkpoint_file(folder / TRAIN_STATE_NAME)
     state["source"] = folder
     return state
@@ -258,7 +261,8 @@ def full_model_state(model):
     """The unsharded model state dict, gathered to rank 0 on CPU ({} elsewhere): a collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
 
 
 def load_sharded(model, optimizer, folder):
@@ -271,23 +275,24 @@ def load_sharded(model, optimizer, folder):
     try:
         dcp.load(state, checkpoint_id=str(folder))
     except Exception as e:  # raised on every rank when one cannot read its part
-        raise CheckpointError(f"the sharded checkpoint {folder} is damaged ({type(e).__name__}): restore "
-                              f"it from a copy, or start again with init_from='scratch'") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        raise CheckpointError(f"the sharded checkpoint {folder} is damaged ({type(e).__name__}): "
+                              f"restore it from a copy, or start again with "
+                              f"init_from='scratch'") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
 
 
 # -----------------------------------------------------------------------------
 # a trained model and its tokenizer, for sample.py, eval_hellaswag.py and compare.py
 
 def checkpoint_meta(checkpoint):
-    """The dataset meta of a checkpoint: its "meta" entry, else the meta.json (or NanoGPT's meta.pkl)
-    of the dataset folder its training config names, else None."""
+    """A checkpoint's "meta", else meta.json (or NanoGPT's meta.pkl) in its config's data folder."""
     if checkpoint.get("meta"):
         return checkpoint["meta"]
     config = checkpoint.get("config") or {}
     if not (config.get("data_dir") or config.get("dataset")):
         return None
-    data_dir = Path(config_data_dir({"data_dir": config.get("data_dir"), "dataset": config.get("dataset")}))
+    data_dir = Path(config_data_dir({key: config.get(key) for key in ("data_dir", "dataset")}))
     if (data_dir / META_FILENAME).is_file():
         return read_meta(data_dir)
     if (data_dir / NANOGPT_META_FILENAME).is_file():
@@ -298,9 +303,11 @@ def checkpoint_meta(checkpoint):
 def add_model_arguments(parser):
     """The options of sample.py and eval_hellaswag.py: which weights, and where and how they run."""
     parser.add_argument("--init_from", default="resume",
-                        help=f"'resume' (the checkpoint in --out_dir) or {', '.join(PRETRAINED_GPT2)}")
+                        help=f"'resume' (the checkpoint in --out_dir) or "
+                             f"{', '.join(PRETRAINED_GPT2)}")
     parser.add_argument("--out_dir", default="out", help="a training out_dir, or a checkpoint file")
-    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:1...")
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda if available, else cpu), cpu, cuda:1...")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="auto: bfloat16 (float16 on older GPUs) on a GPU, float32 on CPU")
     parser.add_argument("--threads", type=thread_count, default=0,
@@ -309,18 +316,20 @@ def add_model_arguments(parser):
 
 def thread_count(text):
     if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (follow the free cores) or a number of threads")
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (follow the free cores) "
+                                         f"or a number of threads")
     return int(text)
 
 
 def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
-    """(model in eval mode on device, tokenizer, description dict) of a checkpoint (init_from='resume')
-    or of OpenAI's GPT-2 weights (init_from='gpt2', 'gpt2-medium', ...)."""
+    """(model in eval mode on device, tokenizer, description) of a checkpoint or GPT-2's weights."""
     if init_from in PRETRAINED_GPT2:
         model = GPT.from_pretrained(init_from, dict(dropout=0.0)).to(device).eval()
-        return model, GPT2Tokenizer(), {"init_from": init_from, "attention": "standard", "tokenizer": "gpt2"}
+        return model, GPT2Tokenizer(), {"init_from": init_from, "attention": "standard",
+                                        "tokenizer": "gpt2"}
     if init_from != "resume":
-        raise ValueError(f"init_from={init_from!r}: use 'resume' or one of {', '.join(PRETRAINED_GPT2)}")
+        raise ValueError(f"init_from={init_from!r}: use 'resume' or one of "
+                         f"{', '.join(PRETRAINED_GPT2)}")
     checkpoint = load_checkpoint(out_dir, map_location=device)
     try:
         model = model_from_checkpoint(checkpoint, device)
@@ -328,18 +337,20 @@ def load_model_and_tokenizer(init_from="resume", out_dir="out", device="cpu"):
         raise CheckpointError(f"checkpoint {out_dir} does not describe a model: {e}") from None
     bad = first_non_finite({"model": checkpoint["model"]})
     if bad is not None:
-        raise CheckpointError(f"checkpoint {out_dir}: its weight {bad} holds NaN or inf values, which "
-                              f"train.py never saves, so the file is damaged")
+        raise CheckpointError(f"checkpoint {out_dir}: its weight {bad} holds NaN or inf values, "
+                              f"which train.py never saves, so the file is damaged")
     meta = checkpoint_meta(checkpoint)
-    if meta is None:  # a NanoGPT checkpoint of OpenWebText: GPT-2's BPE, if the vocabulary can hold it
+    if meta is None:  # a NanoGPT checkpoint of OpenWebText: GPT-2's BPE, if the vocabulary fits
         if model.config.vocab_size < 50257:
-            raise CheckpointError(f"checkpoint {out_dir} names no tokenizer and is too small for GPT-2's: "
-                                  f"put its dataset's meta.json where its config's data_dir points")
+            raise CheckpointError(f"checkpoint {out_dir} names no tokenizer and is too small for "
+                                  f"GPT-2's: put its dataset's meta.json where its config's "
+                                  f"data_dir points")
         meta = {"tokenizer": "gpt2", "vocab_size": 50257, "tokens": {"train": 0, "val": 0}}
     tokenizer = tokenizer_from_meta(meta)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise CheckpointError(f"checkpoint {out_dir}: the tokenizer has {tokenizer.vocab_size} tokens, the "
-                              f"model {model.config.vocab_size}: its meta.json is another dataset's")
+        raise CheckpointError(f"checkpoint {out_dir}: the tokenizer has {tokenizer.vocab_size} "
+                              f"tokens, the model {model.config.vocab_size}: its meta.json is "
+                              f"another dataset's")
     return model, tokenizer, {"init_from": "resume", "checkpoint": str(out_dir),
                               "attention": model.config.attention, "tokenizer": tokenizer.kind,
                               "iter_num": checkpoint.get("iter_num")}

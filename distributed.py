@@ -1,8 +1,7 @@
 """
-How train.py spreads a model over the processes torchrun starts: DDP (a full replica per process,
-the default) or PyTorch's FSDP2 (`fully_shard`: each process holds 1/world_size of every parameter,
-gradient and AdamW moment), chosen by the config key `parallelism`. Also activation checkpointing
-and gradient-sync control for gradient accumulation. The sharded checkpoint is in checkpoint.py.
+How train.py spreads a model over torchrun's processes (config key `parallelism`): DDP, a full
+replica per process, or FSDP2 (`fully_shard`: each holds 1/world_size of every parameter, gradient
+and AdamW moment). Also activation checkpointing and gradient sync. checkpoint.py saves the shards.
 """
 
 import os
@@ -14,17 +13,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def setup():
-    """(ddp, rank, local_rank, world_size). Under torchrun (RANK set) the DDP path is taken even with
-    one process, as NanoGPT does."""
+    """(ddp, rank, local_rank, world_size). Under torchrun (RANK set) the DDP path is taken even
+    with one process, as NanoGPT does."""
     if int(os.environ.get("RANK", -1)) == -1:
         return False, 0, 0, 1
-    return True, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    return (True, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
+            int(os.environ["WORLD_SIZE"]))
 
 
 def init_process_group(backend, device):
-    """The default process group. torch._dynamo is imported first: DDP imports it anyway, and imported
-    after the group exists, some of its default arguments hold the group for the life of the process,
-    so that gloo's threads outlive destroy_process_group and now and then abort the exit."""
+    """The default process group, torch._dynamo imported before it: else some of its default
+    arguments hold the group and gloo's threads outlive it, now and then aborting the exit."""
     import torch._dynamo  # noqa: F401
 
     on_gpu = backend == "nccl" and str(device).startswith("cuda")
@@ -39,10 +38,11 @@ def first_on_any_rank(value):
 
 
 def gather_rng_state(generator, device, ddp):
-    """The batch generator's state and every rank's dropout stream (torch, and CUDA on a GPU), so that a
-    resume under DDP or FSDP continues each rank's stream exactly (a collective under torchrun)."""
+    """The batch generator's state and every rank's dropout stream (torch, and CUDA on a GPU), so
+    that a resume continues each rank's stream exactly (a collective under torchrun)."""
     on_cuda = torch.device(device).type == "cuda"
-    mine = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if on_cuda else None}
+    mine = {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if on_cuda else None}
     ranks = [mine]
     if ddp:
         ranks = [None] * dist.get_world_size()
@@ -55,8 +55,8 @@ def gather_rng_state(generator, device, ddp):
 
 def checkpoint_activations(model):
     """Each Block keeps only its input for the backward pass and runs its forward again there: about
-    1/3 more compute for the activation memory of all layers but one. The recomputation replays the
-    same dropout masks, so the loss and gradients are the plain model's; the state_dict is unchanged."""
+    1/3 more compute for the activation memory of all layers but one. The same dropout masks are
+    replayed, so the loss and gradients are the plain model's; the state_dict is unchanged."""
     from torch.utils.checkpoint import checkpoint
 
     for block in model.transformer.h:
@@ -69,10 +69,9 @@ def checkpoint_activations(model):
 
 
 def shard(model, device, dtype, compile):
-    """FSDP2: each Block its own unit (gathered just before it runs, freed after), then the root for
-    the embeddings, the final norm and the head. Under bf16, parameters are gathered in bf16 and
-    gradients reduced in fp32, while the sharded master weights and AdamW stay fp32. Each Block is
-    compiled in place before it is sharded, so FSDP's hooks stay outside the graphs."""
+    """FSDP2: each Block a unit (gathered just before it runs, freed after), the root the rest.
+    Under bf16, parameters are gathered in bf16 and gradients reduced in fp32; the master weights
+    and AdamW stay fp32. Blocks are compiled before sharding, so FSDP's hooks stay out of graphs."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -98,13 +97,14 @@ def wrap_model(model, c, ddp, device, dtype):
     if c["compile"]:
         model = torch.compile(model)
     if ddp:
-        model = DDP(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
+        model = DDP(model, device_ids=[torch.device(device).index] if device.startswith("cuda")
+                    else None)
     return model
 
 
 def gradient_sync(model, sync):
-    """A context for one micro-step: gradients are reduced over the ranks only when sync is True (the
-    last micro-step) and accumulate locally before it. DDP: no_sync(); FSDP2: its own switch."""
+    """A context for one micro-step: gradients are reduced over the ranks only when sync is True
+    (the last micro-step), else they accumulate locally. DDP: no_sync(); FSDP2: its own switch."""
     if isinstance(model, DDP):
         return nullcontext() if sync else model.no_sync()
     if hasattr(model, "set_requires_gradient_sync"):

@@ -1,11 +1,11 @@
 """
-Where and in what precision a model runs: device and dtype choice ('auto' included), autocast, the
-peak FLOP/s that MFU is measured against, the CPU threads, and the process-level pieces of a run
-(stop signals, peak memory, how a command-line script exits). Shared by train.py, sample.py,
-eval_hellaswag.py and the benchmarks, so that 'auto' means the same thing everywhere.
+Where and in what precision a model runs: device and dtype ('auto' included), autocast, the peak
+FLOP/s behind MFU, torch's CPU threads, stop signals and how a script exits. Shared by train.py,
+sample.py, eval_hellaswag.py and the benchmarks, so that 'auto' means the same thing everywhere.
 """
 import contextlib
 import os
+import platform
 import resource
 import signal
 import sys
@@ -16,30 +16,21 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Dense (no sparsity) bf16 tensor-core peak, FLOP/s, from NVIDIA's datasheets; matched against
-# torch.cuda.get_device_name in this order, so the more specific names come first.
+# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, from NVIDIA's datasheets unless noted;
+# matched against torch.cuda.get_device_name in this order, so the more specific names come first.
 PEAK_BF16_FLOPS = (
-    ("H100 PCIe", 756e12),  # H100 datasheet, PCIe form factor
-    ("H100 NVL", 835e12),  # H100 datasheet, NVL
-    ("H100", 989e12),  # H100 datasheet, SXM5 ("NVIDIA H100 80GB HBM3")
-    ("H200 NVL", 835e12),  # H200 datasheet, NVL
-    ("H200", 989e12),  # H200 datasheet, SXM
-    ("GH200", 989e12),  # GH200 Grace Hopper datasheet (the same Hopper GPU as H100 SXM)
-    ("B200", 2250e12),  # HGX B200 datasheet: 4.5 PFLOPS with sparsity, half of it dense
-    ("A100", 312e12),  # A100 datasheet, SXM and PCIe alike
-    ("A10G", 70e12),  # AWS G5 documentation: an A10 variant
-    ("A10", 125e12),  # A10 datasheet
-    ("L40S", 362e12),  # L40S datasheet
-    ("L40", 181e12),  # L40 datasheet (before "L4", which its name contains)
-    ("L4", 121e12),  # L4 datasheet
-    ("RTX 4090", 165e12),  # Ada GeForce whitepaper, bf16 with fp32 accumulate (what torch uses)
-    ("RTX 3090", 71e12),  # Ampere GeForce whitepaper, bf16 with fp32 accumulate
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12),  # SXM5: "H100 80GB HBM3"
+    ("H200 NVL", 835e12), ("H200", 989e12), ("GH200", 989e12),  # GH200: H100 SXM's GPU
+    ("B200", 2250e12),  # HGX B200: 4.5 PFLOPS with sparsity, half of it dense
+    ("A100", 312e12), ("A10G", 70e12), ("A10", 125e12),  # A10G: AWS G5's A10 variant
+    ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),  # "L40" before "L4", which it contains
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12),  # GeForce whitepapers, bf16 with fp32 accumulate
 )
 
 
 def resolve_device(device="auto"):
-    """'auto' is cuda when a GPU is usable, else cpu; anything else must be a device torch knows
-    and that is present here. Raises ValueError with a message for the user."""
+    """'auto' is cuda when a GPU is usable, else cpu; anything else must be a device present here.
+    Raises ValueError with a message for the user."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -49,13 +40,16 @@ def resolve_device(device="auto"):
     if kind == "cpu":  # one device, whatever index is written: torch.load cannot map to "cpu:1"
         return "cpu"
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r}: CUDA is not available here; use device='cpu' (or 'auto')")
+        raise ValueError(f"device={device!r}: CUDA is not available here; "
+                         f"use device='cpu' (or 'auto')")
     if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
         n = torch.cuda.device_count()
-        raise ValueError(f"device={device!r}: torch sees {n} GPU{'s' if n != 1 else ''} here, cuda:0 to cuda:{n - 1} "
-                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(not set)')})")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "(not set)")
+        raise ValueError(f"device={device!r}: torch sees {n} GPU{'s' if n != 1 else ''} here, "
+                         f"cuda:0 to cuda:{n - 1} (CUDA_VISIBLE_DEVICES={visible})")
     if kind == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device={device!r}: MPS is not available here; use device='cpu' (or 'auto')")
+        raise ValueError(f"device={device!r}: MPS is not available here; "
+                         f"use device='cpu' (or 'auto')")
     return device
 
 
@@ -101,8 +95,7 @@ def gpu_peak_flops(device_name):
 
 def peak_flops(setting, device):
     """The MFU denominator: a number as given, or for 'auto' the bf16 peak of the CUDA GPU in use;
-    None (no MFU reported) on a CPU or on a GPU not in PEAK_BF16_FLOPS, where a guessed peak
-    would make a meaningless percentage."""
+    None (no MFU) on a CPU or an unlisted GPU, where a guessed peak would mean nothing."""
     if setting != "auto":
         return float(setting)
     if torch.device(device).type != "cuda":
@@ -111,8 +104,7 @@ def peak_flops(setting, device):
 
 
 def machine_name(device):
-    """The machine a figure was measured on: the GPU and CUDA version, or the CPU model, its cores and
-    torch's threads."""
+    """The GPU and CUDA version, or the CPU model, its cores and torch's threads."""
     if torch.device(device).type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
     return f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
@@ -126,8 +118,6 @@ def cpu_model():
                     return line.split(":", 1)[1].strip()
     except OSError:  # not Linux
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
@@ -140,9 +130,8 @@ def peak_memory_bytes(device):
 
 
 class StopSignals:
-    """Turn SIGINT/SIGTERM into a flag (`received`) that the training loop checks after each step, so
-    that it stops after a checkpoint. A second Ctrl-C raises KeyboardInterrupt, when the torch call under
-    way returns (Python runs handlers between calls; two signals within one call are one). Main thread only."""
+    """SIGINT/SIGTERM set a flag (`received`) that the training loop checks after each step, so
+    that it stops after a checkpoint. A second Ctrl-C raises KeyboardInterrupt. Main thread only."""
 
     def __init__(self):
         self.received = None
@@ -164,28 +153,11 @@ class StopSignals:
             signal.signal(sig, handler)
         return False
 
-    @contextlib.contextmanager
-    def end_process(self):
-        """Inside the block a SIGINT or SIGTERM ends the process at once (the default action), for a
-        wait in C++ (a rendezvous) during which no Python handler can run: with the flag alone, the
-        process would wait on, deaf to the signal, until that call returns or times out."""
-        if not self.previous:  # not the main thread: no handlers of ours to lift
-            yield
-            return
-        for sig in self.previous:
-            signal.signal(sig, signal.SIG_DFL)
-        try:
-            yield
-        finally:
-            for sig in self.previous:
-                signal.signal(sig, self._handle)
-
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c():
-    """Inside the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that a scheduler's stop and
-    a user's end work in this process alike, through the same `except` and `finally` (by default a
-    SIGTERM ends the process without running either). Main thread only."""
+    """Inside the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that a scheduler's stop
+    runs the same `except` and `finally` (a default SIGTERM runs neither). Main thread only."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
@@ -197,10 +169,9 @@ def sigterm_as_ctrl_c():
 
 
 def run_script(main, ctrl_c):
-    """sys.exit(main()) for a command-line script, ending as a Unix tool does rather than with a traceback:
-    a Ctrl-C that main leaves to us prints `ctrl_c` (one line: what was kept, if anything) on stderr and
-    exits with status 130 (128 + SIGINT); a stdout its reader closed early (`python sample.py | head -3`)
-    exits quietly with status 141 (128 + SIGPIPE, what a shell shows for a tool a closed pipe ended)."""
+    """sys.exit(main()), ending as a Unix tool does rather than with a traceback: a Ctrl-C prints
+    `ctrl_c` (one line: what was kept) on stderr and exits 130 (128 + SIGINT); a stdout closed early
+    (`python sample.py | head -3`) exits quietly with 141 (128 + SIGPIPE)."""
     try:
         code = main()
         sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's last flush
@@ -215,29 +186,21 @@ def run_script(main, ctrl_c):
 
 
 def is_rank_zero():
-    """Whether this process speaks for the run: it was not started by torchrun, or it is its rank 0."""
+    """Whether this process speaks for the run: not started by torchrun, or its rank 0."""
     return int(os.environ.get("RANK", "0")) == 0
 
 
 def silence_stdout():
-    """Send what is still printed to /dev/null, once stdout's reader has closed it: each later write
-    (and the interpreter's last flush) would raise BrokenPipeError again."""
+    """Once stdout's reader has closed it, send later output (and the last flush) to /dev/null."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class CpuThreads:
-    """torch's threads on CPU, kept to the cores that other processes leave free.
-
-    torch's OpenMP threads spin while they wait for each other at the end of every parallel op. With
-    one thread per core and another process busy on one core, the thread that shares that core is
-    descheduled while the others spin for it, and a step takes 3-20x longer (docs/training.md,
-    "Training on a busy CPU"); with one thread fewer it takes about as long as the lost core costs.
-    So the load of the other processes is measured from /proc/stat (all busy time minus this
-    process's own CPU time, over the wall time between two readings) and the thread count follows the
-    cores they leave free, never above torch's own default. `num_threads` > 0 fixes the count
-    instead; off Linux, or on a GPU, nothing changes. Another thread count can change a result in its
-    last bits (a sum split another way), so a run that must repeat or resume bit for bit on CPU sets
-    num_threads (the tests do)."""
+    """torch's threads on CPU, kept to the cores other processes leave free (their load is read
+    from /proc/stat): OpenMP threads spin while they wait for each other, so one thread per core
+    beside a busy process makes a step 3-20x slower (docs/training.md, "Training on a busy CPU").
+    num_threads > 0 fixes the count, as a run that must repeat bit for bit on CPU does (another
+    count can change a sum's last bits). Off Linux, or on a GPU, nothing changes."""
 
     def __init__(self, num_threads=0, device="cpu", interval=1.0):
         self.adaptive = (num_threads == 0 and torch.device(device).type == "cpu"
@@ -267,7 +230,8 @@ class CpuThreads:
         wall = now[0] - self.mark[0]
         if wall <= 0:
             return
-        others = max(0.0, (now[1] - self.mark[1]) - (now[2] - self.mark[2])) / wall  # cores other processes used
+        # the cores other processes used
+        others = max(0.0, (now[1] - self.mark[1]) - (now[2] - self.mark[2])) / wall
         self.mark = now
         free = (os.cpu_count() or 1) - others  # /proc/stat counts every core of the machine
         threads = max(1, min(self.most, round(free)))
