@@ -123,7 +123,7 @@ def write_summary(run):
         "tokens_per_iter": run.tokens_per_iter,
         "peak_memory_bytes": totals["peak_memory_bytes"],
         "wall_time_s": totals["wall_time_s"],
-        "wall_time_this_run_s": run.elapsed(),
+        "wall_time_this_run_s": totals["wall_time_s"] - run.earlier_processes["wall_time_s"],
         "device": run.device,
         "dtype": run.dtype,
         "world_size": run.world_size,
