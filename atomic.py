@@ -60,16 +60,6 @@ def write_text_atomic(path, text):
         f.write(text)
 
 
-def why_not_writable(folder, error):
-    """The reason an OSError from making or writing in `folder` gives, in words: where a file
-    stands in place of the folder or one above it, that file (mkdir's "File exists" names none)."""
-    in_the_way = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
-    if isinstance(error, (FileExistsError, NotADirectoryError)) and in_the_way is not None:
-        return f"{in_the_way} is a file, not a folder"
-    return (f"{error.strerror}: {error.filename}" if error.strerror and error.filename
-            else error.strerror or str(error))
-
-
 def remove_abandoned(path):
     """Remove the temporary files of `path` whose writer is gone: what a SIGKILL, an out-of-memory
     kill or a power cut left mid-write (a full train.bin's worth for OpenWebText). Those of a
