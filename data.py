@@ -67,6 +67,7 @@ def check_data(data_dir, block_size):
     except (FileNotFoundError, ValueError) as e:
         raise DataError(str(e)) from None
     n_tokens = {split: path.stat().st_size // 2 for split, path in paths.items()}
+    largest = 0
     for split, path in paths.items():
         if n_tokens[split] < block_size + 1:
             raise DataError(f"{path} holds {n_tokens[split]} tokens, fewer than block_size + 1 = "
@@ -75,9 +76,7 @@ def check_data(data_dir, block_size):
             odd = " and a byte" if path.stat().st_size % 2 else ""
             raise DataError(f"{path} holds {n_tokens[split]:,} tokens{odd}, but meta.json says "
                             f"{meta['tokens'][split]:,}: {again}")
-    largest = 0
-    for path in paths.values():  # a file of over 2^28 tokens (OpenWebText's) takes long to scan
-        ids = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
+        ids = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")  # over 2^28 ids: too long to scan
         largest = max(largest, meta["vocab_size"] - 1 if len(ids) > 1 << 28 else int(ids.max()))
     if largest >= meta["vocab_size"]:
         raise DataError(f"{data_dir} holds token id {largest}, but its meta.json says "
