@@ -58,27 +58,3 @@ def atomic_file(path, mode="w", encoding=None):
 def write_text_atomic(path, text):
     with atomic_file(path, "w", encoding="utf-8") as f:
         f.write(text)
-
-
-def remove_abandoned(path):
-    """Remove the temporary files of `path` whose writer is gone: what a SIGKILL, an out-of-memory
-    kill or a power cut left mid-write (a full train.bin's worth for OpenWebText). Those of a
-    running process (another writer) are left be. Returns the paths removed."""
-    path = Path(path)
-    removed = []
-    for tmp in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
-        pid = tmp.name[len(path.name) + 1: -len(".tmp")]
-        if pid.isdigit() and not _running(int(pid)):
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
-    return removed
-
-
-def _running(pid):
-    try:
-        os.kill(pid, 0)  # signal 0: nothing is sent, only whether the process exists is checked
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
