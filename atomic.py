@@ -4,7 +4,6 @@ to disk, then renamed over the target (os.replace is atomic) and the folder flus
 a kill or a power cut mid-write leaves the previous file as it was. Checkpoints, meta.json,
 summary.json, results files, token files and downloads use it.
 """
-import glob
 import os
 from contextlib import contextmanager
 from pathlib import Path
