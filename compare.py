@@ -94,7 +94,8 @@ def check_args(parser, args, train_overrides):
     args.budget = getattr(args, BUDGET_FLAGS[args.match]) if args.match in BUDGET_FLAGS else None
     try:
         args.sizes = sweep.parse_sizes(args.sizes) if args.sizes else None
-        args.learning_rates = sorted(float(lr) for lr in args.learning_rates.split(",") if lr)
+        rates = [lr for lr in args.learning_rates.split(",") if lr.strip()]
+        args.learning_rates = sorted(float(lr) for lr in rates)
     except sweep.SweepError as e:
         parser.error(str(e))
     except ValueError as e:
