@@ -45,8 +45,9 @@ def open_log(c, out_dir, run_id, start_iter, rank):
     if c["wandb_log"] and rank == 0:
         import wandb
 
+        own = not c["eval_only"]  # an evaluation alone is a wandb run of its own
         wandb_run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=dict(c),
-                               id=run_id, resume="allow")
+                               id=run_id if own else None, resume="allow" if own else None)
     resuming = c["init_from"] == "resume"
     if resuming and enabled:
         trim_log(Path(out_dir) / LOG_NAME, start_iter)

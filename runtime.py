@@ -131,7 +131,8 @@ def peak_memory_bytes(device):
 
 class StopSignals:
     """SIGINT/SIGTERM set a flag (`received`) that the training loop checks after each step, so
-    that it stops after a checkpoint. A second Ctrl-C raises KeyboardInterrupt. Main thread only."""
+    that it stops after a checkpoint. A second Ctrl-C (not under torchrun, which passes the first
+    one on to its workers again) raises KeyboardInterrupt. Main thread only."""
 
     def __init__(self):
         self.received = None
@@ -144,7 +145,9 @@ class StopSignals:
         return self
 
     def _handle(self, signum, frame):
-        if self.received is not None and signum == signal.SIGINT:
+        # a person pressing Ctrl-C twice wants out now; under torchrun the second may be torchrun's
+        # passing on the first to its workers
+        if self.received is not None and signum == signal.SIGINT and "RANK" not in os.environ:
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
 
