@@ -1,12 +1,10 @@
 """
 Train a GPT whose attention is one of the four variants of arXiv 2403.01643.
 
-One process (a laptop CPU, one GPU):
-    python train.py config/quickstart.py --attention=efficient
-Continue the run in out_dir where it stopped (the same config and overrides, plus init_from):
-    python train.py config/quickstart.py --init_from=resume
-DDP on one node with 8 GPUs; FSDP2 with --parallelism=fsdp; several nodes with torchrun's own flags:
-    torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
+    python train.py config/quickstart.py --attention=efficient  # one process: a CPU, one GPU
+    python train.py config/quickstart.py --init_from=resume     # go on where out_dir's run stopped
+    torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py  # DDP on 8 GPUs
+    (FSDP2: add --parallelism=fsdp; several nodes: torchrun's own flags, docs/training.md)
 
 The config is NanoGPT's: defaults, then config files, then --key=value overrides (configurator.py;
 `python train.py --help` lists every key). The run is also a function, train(config) -> summary.
@@ -208,11 +206,7 @@ def restore(run, checkpoint):
     if run.fsdp:
         load_sharded(run.raw_model, run.optimizer, checkpoint["source"])
     else:
-        try:
-            run.optimizer.load_state_dict(checkpoint["optimizer"])
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise CheckpointError(f"the optimizer state in {checkpoint['source']} does not fit "
-                                  f"the model ({type(e).__name__})") from None
+        run.optimizer.load_state_dict(checkpoint["optimizer"])
         if "scaler" in checkpoint and run.scaler.is_enabled():
             run.scaler.load_state_dict(checkpoint["scaler"])
     # the moments are the checkpoint's, the hyperparameters the config's (as is the rate)
