@@ -268,13 +268,14 @@ def full_model_state(model):
 def load_sharded(model, optimizer, folder):
     """Load a shard folder into the sharded model and optimizer (a collective); any world size."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
     try:
         dcp.load(state, checkpoint_id=str(folder))
-    except Exception as e:  # raised on every rank when one cannot read its part
+    except (Exception, CheckpointException) as e:  # on every rank when one cannot read its part
         raise CheckpointError(f"the sharded checkpoint {folder} is damaged ({type(e).__name__}): "
                               f"restore it from a copy, or start again with "
                               f"init_from='scratch'") from None

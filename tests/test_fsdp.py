@@ -14,7 +14,7 @@ import torch
 import train as T
 from checkpoint import load_checkpoint, load_model_and_tokenizer
 from conftest import REPO, WIDE_HEAD
-from distributed import SHARDED_NAME, TRAIN_STATE_NAME
+from checkpoint import SHARDED_NAME, TRAIN_STATE_NAME
 from test_train import params, subprocess_env, tiny
 
 # 3 iterations of 4 micro-batches: 2 per process under FSDP, all 4 in the single process
@@ -112,21 +112,14 @@ def test_fsdp_resume_is_exact(tmp_path, data_dir):
     assert train_losses(straight) == train_losses(split)
 
 
-def test_fsdp_export_is_not_a_ddp_resume_point(fsdp_run, tmp_path, data_dir):
-    with pytest.raises(T.CheckpointError, match="under torchrun: `python train.py --standalone --nproc_per_node=N` and "
-                                                "the same config and overrides \\(any N, 1 included\\)"):
+def test_fsdp_export_is_not_a_ddp_resume_point(fsdp_run):
+    with pytest.raises(T.CheckpointError, match="is an FSDP run's export: resume it with parallelism='fsdp'"):
         T.load_resume_checkpoint(fsdp_run, load_checkpoint(fsdp_run)["model_args"])
-    shards_alone = tmp_path / "out"  # an FSDP run killed between its shards and its ckpt.pt
-    shutil.copytree(fsdp_run, shards_alone)
-    (shards_alone / "ckpt.pt").unlink()
-    with pytest.raises(T.CheckpointError, match=f"no ckpt.pt in {shards_alone}, but an FSDP run's sharded checkpoint: "
-                                                f"resume it with parallelism='fsdp' under torchrun"):
-        T.load_resume_checkpoint(shards_alone, load_checkpoint(fsdp_run)["model_args"])
 
 
 def test_a_ddp_checkpoint_is_not_an_fsdp_resume_point(tmp_path, data_dir):
     T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)  # one process: ckpt.pt with the optimizer
-    with pytest.raises(T.CheckpointError, match="no sharded checkpoint at .* resume it with parallelism='ddp'"):
+    with pytest.raises(T.CheckpointError, match="no sharded checkpoint at .*parallelism='ddp'"):
         T.load_resume_checkpoint(tmp_path / "out", load_checkpoint(tmp_path / "out")["model_args"], sharded=True)
 
 
@@ -158,7 +151,7 @@ def test_an_inf_in_one_ranks_shard_stops_every_rank_before_the_save(tmp_path, da
            str(tmp_path / "inf_on_rank_1.py"), str(REPO / "train.py"), *[f"--{k}={v!r}" for k, v in config.items()]]
     result = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=240)
     assert result.returncode != 0
-    assert result.stderr.count("holds NaN or inf values (not saving the") == 2, result.stderr[-3000:]  # both ranks
+    assert result.stderr.count("holds NaN or inf values (not saving the") == 1, result.stderr[-3000:]  # rank 0
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["stop_reason"] == "diverged"
     assert not (tmp_path / "out" / SHARDED_NAME).exists()  # no checkpoint of the diverged state
 
@@ -266,8 +259,6 @@ def test_activation_checkpointing_recomputes_each_block_in_backward():
 def test_fsdp_resumes_on_another_number_of_processes(fsdp_run, tmp_path, data_dir, one_process_group):
     """The shards of 2 processes load into 1 (torch.distributed.checkpoint reshards): its 4th step is the
     one a single process takes after the same 3, AdamW moments included."""
-    import shutil
-
     shutil.copytree(fsdp_run, tmp_path / "out")
     summary = T.train(tiny(tmp_path, data_dir, **{**COMMON, "max_iters": 4}, parallelism="fsdp", init_from="resume"),
                       verbose=False)
