@@ -5,7 +5,6 @@ import importlib.util
 import json
 import math
 import os
-import shlex
 import shutil
 import signal
 import subprocess
