@@ -30,7 +30,8 @@ class RunLog:
             self.file.write(json.dumps(record) + "\n")
         if self.wandb is not None:
             values = {k: v for k, v in record.items() if k not in ("type", "iter")}
-            self.wandb.log({f"{record['type']}/{k}": v for k, v in values.items()}, step=record["iter"])
+            self.wandb.log({f"{record['type']}/{k}": v for k, v in values.items()},
+                           step=record["iter"])
 
     def close(self):
         if self.file is not None:
