@@ -2,7 +2,7 @@
 Fault injection, to run before a release (not a test: it takes minutes). It trains on the offline
 stdlib corpus in a temporary folder and injects four kinds of fault:
 
-    python bench/bench_faults.py                                  # 100 + 30 sharded kills, 6 signals, 10 divergences
+    python bench/bench_faults.py         # 100 + 30 sharded kills, 6 signals, 10 divergences
     python bench/bench_faults.py --kills=20 --signals=3 --nans=4  # a quicker pass
 
 kills    A chain of training processes, each resuming from the checkpoint of the one before and
@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 
 import torch
-import torch._dynamo  # noqa: F401  (AdamW imports it: imported here once, every forked run starts warm)
+# AdamW imports it: imported here once, every forked run starts warm
+import torch._dynamo  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the repo's modules, from bench/
@@ -61,9 +62,9 @@ RESUMED = re.compile(r"resuming from .* at iteration (\d+)")
 
 
 def config_args(data_dir, out_dir, model, **overrides):
-    config = dict(data_dir=str(data_dir), out_dir=str(out_dir), device="cpu", compile=False, num_threads=1,
-                  eval_iters=2, log_interval=1, warmup_iters=0, learning_rate=1e-3, min_lr=1e-4, gradient_accumulation_steps=1,
-                  always_save_checkpoint=True, **model)
+    config = dict(data_dir=str(data_dir), out_dir=str(out_dir), device="cpu", compile=False,
+                  num_threads=1, eval_iters=2, log_interval=1, warmup_iters=0, learning_rate=1e-3,
+                  min_lr=1e-4, gradient_accumulation_steps=1, always_save_checkpoint=True, **model)
     config.update(overrides)
     return [f"--{k}={v!r}" for k, v in config.items()]
 
@@ -92,7 +93,8 @@ def wait_status(pid):
 
 
 def reported(stdout_path, pattern):
-    """The iterations a child printed for `pattern` (saves it finished, the iteration it resumed at)."""
+    """The iterations a child printed for `pattern` (saves it finished, the iteration it resumed
+    at)."""
     text = Path(stdout_path).read_text(errors="replace") if Path(stdout_path).exists() else ""
     return [int(m) for m in pattern.findall(text)]
 
@@ -149,7 +151,8 @@ def reference_run(args, out_dir, log, temporaries=temporary_files, before=None):
 
 
 def kill_once(args, out_dir, log, expected_start, delay):
-    """Start a resumed (or first) run, SIGKILL it `delay` s into a save; return this kill's figures."""
+    """Start a resumed (or first) run, SIGKILL it `delay` s into a save; return this kill's
+    figures."""
     stale = temporary_files(out_dir)  # left by the previous kill; train.py removes them at start
     pid = fork_train(args, log)
     state = wait_for_save(out_dir, pid, stale)
@@ -176,7 +179,8 @@ def kill_once(args, out_dir, log, expected_start, delay):
 def kill_chain(data_dir, work, n_kills, rng):
     eval_interval = 2
     max_iters = eval_interval * (n_kills + 1)
-    common = dict(model=KILL_MODEL, max_iters=max_iters, lr_decay_iters=max_iters, eval_interval=eval_interval)
+    common = dict(model=KILL_MODEL, max_iters=max_iters, lr_decay_iters=max_iters,
+                  eval_interval=eval_interval)
     reference = work / "kill-reference"
     ref_log = work / "kill-reference.txt"
     write_time = reference_run(config_args(data_dir, reference, **common), reference, ref_log)
@@ -184,8 +188,10 @@ def kill_chain(data_dir, work, n_kills, rng):
     totals, iteration = dict(runs=0, kill=0, during_save=0, corrupted=0, failed_resume=0, lost=0), 0
     for k in range(n_kills):
         args = config_args(data_dir, out, **common, init_from="resume" if iteration else "scratch")
-        # about two kills in three mid-write, the others just after the rename (so the chain advances)
-        figures = kill_once(args, out, work / f"kill-{k}.txt", iteration, rng.uniform(0, 1.5 * write_time))
+        # about two kills in three mid-write, the others just after the rename (so the chain
+        # advances)
+        figures = kill_once(args, out, work / f"kill-{k}.txt", iteration,
+                            rng.uniform(0, 1.5 * write_time))
         iteration = count_kill(totals, figures, f"kill {k}") or iteration
     finish_chain(data_dir, out, reference, common, iteration, totals, work)
     return totals, f"ckpt.pt takes {write_time * 1000:.0f} ms to write, {max_iters} iterations"
@@ -232,7 +238,8 @@ def world_of_one():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
 
 
 def sigkill_after(step):
@@ -254,7 +261,8 @@ def sigkill_after(step):
 
 
 def sharded_iteration(out_dir):
-    """(iteration of the newest complete sharded folder, None) if it loads, else (None, what is wrong)."""
+    """(iteration of the newest complete sharded folder, None) if it loads, else (None, what is
+    wrong)."""
     try:
         return checkpoint.load_train_state(out_dir)["iter_num"], None
     except CheckpointError as e:
@@ -296,23 +304,27 @@ def sharded_kill_once(args, out_dir, log, expected_start, target, delay):
     iteration, problem = sharded_iteration(out_dir) if kept else (0, None)  # nothing kept yet
     last_save = max(reported(log, SAVED), default=expected_start)
     mid_write = target is None and tmp.exists() and not (tmp / checkpoint.TRAIN_STATE_NAME).exists()
-    return dict(kill=int(status == -signal.SIGKILL), corrupted=int(problem is not None), mid_write=int(mid_write),
+    return dict(kill=int(status == -signal.SIGKILL), corrupted=int(problem is not None),
+                mid_write=int(mid_write),
                 failed_resume=int(expected_start > 0 and resumed_at != [expected_start]),
                 lost=max(0, last_save - (iteration or 0)), iteration=iteration, note=problem)
 
 
 def sharded_kill_chain(data_dir, work, n_kills, rng):
-    """Kills in turn: mid-write of the shards at a random moment, then right after a random step of a
-    commit (both rename windows and the removal of .old, so that one kill often follows another)."""
+    """Kills in turn: mid-write of the shards at a random moment, then right after a random step of
+    a commit (both rename windows and the removal of .old, so that one kill often follows
+    another)."""
     eval_interval = 2
     max_iters = eval_interval * (n_kills + 1)
-    common = dict(model=KILL_MODEL, max_iters=max_iters, lr_decay_iters=max_iters, eval_interval=eval_interval,
-                  parallelism="fsdp")
+    common = dict(model=KILL_MODEL, max_iters=max_iters, lr_decay_iters=max_iters,
+                  eval_interval=eval_interval, parallelism="fsdp")
     reference = work / "fsdp-reference"
-    write_time = reference_run(config_args(data_dir, reference, **common), reference, work / "fsdp-reference.txt",
-                               temporaries=sharded_temporary, before=world_of_one)
+    write_time = reference_run(config_args(data_dir, reference, **common), reference,
+                               work / "fsdp-reference.txt", temporaries=sharded_temporary,
+                               before=world_of_one)
     out = work / "fsdp-chain"
-    totals, iteration = dict(runs=0, kill=0, corrupted=0, failed_resume=0, lost=0, in_commit=0, mid_write=0), 0
+    totals, iteration = dict(runs=0, kill=0, corrupted=0, failed_resume=0, lost=0, in_commit=0,
+                             mid_write=0), 0
     for k in range(n_kills):
         args = config_args(data_dir, out, **common, init_from="resume" if iteration else "scratch")
         target = rng.choice(COMMIT_STEPS) if k % 2 else None
@@ -321,7 +333,8 @@ def sharded_kill_chain(data_dir, work, n_kills, rng):
         figures["in_commit"] = int(target is not None)
         iteration = count_kill(totals, figures, f"FSDP kill {k}") or iteration
     finish_chain(data_dir, out, reference, common, iteration, totals, work, before=world_of_one)
-    return totals, f"the shards take {write_time * 1000:.0f} ms to write and commit, {max_iters} iterations"
+    return totals, (f"the shards take {write_time * 1000:.0f} ms to write and commit, "
+                    f"{max_iters} iterations")
 
 
 # -----------------------------------------------------------------------------
@@ -345,11 +358,11 @@ def deliver(mode, proc):
 
 def signal_once(data_dir, out, mode, delay):
     """One DDP run signalled `delay` s after its first logged step, then resumed to 2 more steps."""
-    args = config_args(data_dir, out, SMALL_MODEL, max_iters=100000, lr_decay_iters=100000, eval_interval=25,
-                       gradient_accumulation_steps=2)
+    args = config_args(data_dir, out, SMALL_MODEL, max_iters=100000, lr_decay_iters=100000,
+                       eval_interval=25, gradient_accumulation_steps=2)
     command, env = launch_command(args)
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     log = Path(out) / LOG_NAME
     deadline = time.time() + 180
     while time.time() < deadline and not (log.exists() and '"type": "train"' in log.read_text()):
@@ -359,7 +372,8 @@ def signal_once(data_dir, out, mode, delay):
     _, stderr = proc.communicate(timeout=300)
     iteration, problem = check_checkpoint(out)
     figures = dict(runs=1, corrupted=int(problem is not None),
-                   lost=max(0, logged_iterations(out)[-1] - (iteration or 0)) if log.exists() else 0)
+                   lost=(max(0, logged_iterations(out)[-1] - (iteration or 0)) if log.exists()
+                         else 0))
     if problem is not None:
         print(f"  {mode}: exit status {proc.returncode}\n{stderr[-2000:]}")
     figures["failed_resume"] = int(iteration is None or not resume_ddp(data_dir, out, iteration))
@@ -367,8 +381,8 @@ def signal_once(data_dir, out, mode, delay):
 
 
 def resume_ddp(data_dir, out, iteration):
-    args = config_args(data_dir, out, SMALL_MODEL, max_iters=iteration + 2, lr_decay_iters=100000, eval_interval=25,
-                       gradient_accumulation_steps=2, init_from="resume")
+    args = config_args(data_dir, out, SMALL_MODEL, max_iters=iteration + 2, lr_decay_iters=100000,
+                       eval_interval=25, gradient_accumulation_steps=2, init_from="resume")
     command, env = launch_command(args)
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     if result.returncode:
@@ -380,7 +394,8 @@ def signal_runs(data_dir, work, n, rng):
     modes = ["SIGTERM to torchrun", "SIGINT to the process group", "SIGTERM to the workers"]
     totals = dict(runs=0, kill=0, corrupted=0, failed_resume=0, lost=0)
     for k in range(n):
-        figures = signal_once(data_dir, work / f"signal-{k}", modes[k % len(modes)], rng.uniform(0, 3))
+        figures = signal_once(data_dir, work / f"signal-{k}", modes[k % len(modes)],
+                              rng.uniform(0, 3))
         for key in figures:
             totals[key] += figures[key]
     return totals, ", ".join(modes[:n])
@@ -390,7 +405,8 @@ def signal_runs(data_dir, work, n, rng):
 # NaN at a random iteration
 
 def diverge_at(iteration, weights):
-    """In the child: make the weights (after that optimizer step) or the loss (of that iteration) NaN."""
+    """In the child: make the weights (after that optimizer step) or the loss (of that iteration)
+    NaN."""
     if weights:
         torch.optim.AdamW.step = nan_after_step(torch.optim.AdamW.step, iteration)
     else:
@@ -402,19 +418,22 @@ def nan_once(data_dir, out, log, iteration, weights):
     status = wait_status(fork_train(args, log, before=lambda: diverge_at(iteration, weights)))
     text = Path(log).read_text()
     stopped = status == 1 and "error: " in text and "Traceback" not in text
-    checkpoint, problem = check_checkpoint(out) if (Path(out) / CHECKPOINT_NAME).exists() else (0, None)
+    checkpoint, problem = (check_checkpoint(out) if (Path(out) / CHECKPOINT_NAME).exists()
+                           else (0, None))
     last_save = max(reported(log, SAVED), default=0)
-    resumed = wait_status(fork_train(args + ["--init_from='resume'"], str(log) + ".resume")) == 0 if checkpoint else True
+    resumed = (wait_status(fork_train(args + ["--init_from='resume'"], str(log) + ".resume")) == 0
+               if checkpoint else True)
     if not stopped:
         print(f"  divergence at iteration {iteration} did not stop with an error line: {log}")
-    return dict(runs=1, corrupted=int(problem is not None or not stopped), failed_resume=int(not resumed),
-                lost=max(0, last_save - (checkpoint or 0)))
+    return dict(runs=1, corrupted=int(problem is not None or not stopped),
+                failed_resume=int(not resumed), lost=max(0, last_save - (checkpoint or 0)))
 
 
 def nan_runs(data_dir, work, n, rng):
     totals = dict(runs=0, kill=0, corrupted=0, failed_resume=0, lost=0)
     for k in range(n):
-        figures = nan_once(data_dir, work / f"nan-{k}", work / f"nan-{k}.txt", rng.randint(2, 30), weights=k % 2 == 1)
+        figures = nan_once(data_dir, work / f"nan-{k}", work / f"nan-{k}.txt", rng.randint(2, 30),
+                           weights=k % 2 == 1)
         for key in figures:
             totals[key] += figures[key]
     return totals, "NaN loss or NaN weights, alternately, at iterations 2-30"
@@ -423,21 +442,25 @@ def nan_runs(data_dir, work, n, rng):
 # -----------------------------------------------------------------------------
 
 def print_table(rows):
-    print(f"\n{'fault':<34}{'runs':>6}{'kills':>7}{'corrupted':>11}{'failed resumes':>16}{'lost iterations':>17}")
+    print(f"\n{'fault':<34}{'runs':>6}{'kills':>7}{'corrupted':>11}{'failed resumes':>16}"
+          f"{'lost iterations':>17}")
     for name, totals, note in rows:
-        print(f"{name:<34}{totals['runs']:>6}{totals['kill']:>7}{totals['corrupted']:>11}{totals['failed_resume']:>16}"
-              f"{totals['lost']:>17}   {note}")
+        print(f"{name:<34}{totals['runs']:>6}{totals['kill']:>7}{totals['corrupted']:>11}"
+              f"{totals['failed_resume']:>16}{totals['lost']:>17}   {note}")
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=100, help="SIGKILLs during checkpoint writes")
     parser.add_argument("--sharded_kills", type=int, default=30,
                         help="SIGKILLs during FSDP checkpoint writes and commits")
     parser.add_argument("--signals", type=int, default=6, help="signalled 2-process DDP runs")
-    parser.add_argument("--nans", type=int, default=10, help="runs that diverge at a random iteration")
+    parser.add_argument("--nans", type=int, default=10,
+                        help="runs that diverge at a random iteration")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work_dir", default="", help="keep the runs here (default: a temporary folder)")
+    parser.add_argument("--work_dir", default="",
+                        help="keep the runs here (default: a temporary folder)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if min(args.kills, args.sharded_kills, args.signals, args.nans) < 0:
@@ -454,20 +477,23 @@ def main(argv=None):
         if args.kills:
             totals, note = kill_chain(data_dir, work, args.kills, rng)
             rows.append(("SIGKILL while ckpt.pt is written", totals,
-                         f"{totals['during_save']} mid-write (temporary file left), the rest just after the rename; "
-                         f"{note}; final weights identical to an uninterrupted run: {totals.get('identical')}; "
+                         f"{totals['during_save']} mid-write (temporary file left), the rest "
+                         f"just after the rename; {note}; final weights identical to an "
+                         f"uninterrupted run: {totals.get('identical')}; "
                          f"log.jsonl one record per iteration: {totals.get('log_once')}"))
         if args.sharded_kills:
             totals, note = sharded_kill_chain(data_dir, work, args.sharded_kills, rng)
             rows.append(("SIGKILL in a sharded save (FSDP)", totals,
-                         f"{totals['mid_write']} mid-write of the shards (an incomplete .tmp left), "
-                         f"{totals['kill'] - totals['in_commit'] - totals['mid_write']} after the shards' write, "
-                         f"{totals['in_commit']} right after a rename or removal of a commit; {note}; "
-                         f"final weights identical to an uninterrupted run: {totals.get('identical')}; "
+                         f"{totals['mid_write']} mid-write of the shards (an incomplete .tmp "
+                         f"left), {totals['kill'] - totals['in_commit'] - totals['mid_write']} "
+                         f"after the shards' write, {totals['in_commit']} right after a rename "
+                         f"or removal of a commit; {note}; final weights identical to an "
+                         f"uninterrupted run: {totals.get('identical')}; "
                          f"log.jsonl one record per iteration: "
                          f"{totals.get('log_once')}"))
         if args.signals:
-            rows.append(("SIGTERM/SIGINT, 2-process DDP", *signal_runs(data_dir, work, args.signals, rng)))
+            rows.append(("SIGTERM/SIGINT, 2-process DDP",
+                         *signal_runs(data_dir, work, args.signals, rng)))
         if args.nans:
             rows.append(("NaN at a random iteration", *nan_runs(data_dir, work, args.nans, rng)))
         print_table(rows)

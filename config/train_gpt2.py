@@ -10,7 +10,8 @@ wandb_run_name = 'gpt2-124M'
 dataset = 'openwebtext'
 batch_size = 12  # sequences per micro-batch per GPU
 block_size = 1024
-gradient_accumulation_steps = 5 * 8  # global: 5 micro-batches on each of 8 GPUs; 12 * 1024 * 40 tokens per step
+# global: 5 micro-batches on each of 8 GPUs; 12 * 1024 * 40 tokens per step
+gradient_accumulation_steps = 5 * 8
 
 n_layer = 12
 n_head = 12

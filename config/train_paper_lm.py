@@ -23,7 +23,8 @@ dropout = 0.0
 bias = False
 attention = 'standard'
 
-# one epoch: NanoGPT's OpenWebText train.bin holds ~9.04e9 tokens, / 512,000 per step = ~17,650 steps
+# one epoch: NanoGPT's OpenWebText train.bin holds ~9.04e9 tokens, / 512,000 per step =
+# ~17,650 steps
 max_iters = 17650
 lr_decay_iters = 17650
 warmup_iters = 500

@@ -47,7 +47,8 @@ def kill_after(monkeypatch, event, at_iteration=None):
         finally:
             committing["iter"] = None
 
-    monkeypatch.setattr(checkpoint.os, "replace", replace)  # os itself: atomic.py's renames pass through
+    # os itself: atomic.py's renames pass through
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
     monkeypatch.setattr(checkpoint, "_remove", remove)
     monkeypatch.setattr(train, "commit_shards", commit)
     try:

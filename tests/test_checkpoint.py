@@ -1,6 +1,6 @@
-"""checkpoint.py and atomic.py: only finite tensors are written, with the umask's permissions; a file
-that is not one of our checkpoints is one error line; the out_dir lock; files written whole (on disk
-before they replace the old one), and a killed writer's leftovers removed."""
+"""checkpoint.py and atomic.py: only finite tensors are written, with the umask's permissions; a
+file that is not one of our checkpoints is one error line; the out_dir lock; files written whole (on
+disk before they replace the old one), and a killed writer's leftovers removed."""
 import os
 import stat
 import subprocess
@@ -88,7 +88,8 @@ def test_a_stale_lock_names_only_the_run_that_holds_it_now(tmp_path):
     (tmp_path / LOCK_NAME).write_text("999999\n")
     lock = lock_out_dir(tmp_path)
     try:
-        child = subprocess.run([sys.executable, "-c", "import sys; from checkpoint import lock_out_dir; "
+        child = subprocess.run([sys.executable, "-c",
+                                "import sys; from checkpoint import lock_out_dir; "
                                 "lock_out_dir(sys.argv[1])", str(tmp_path)], cwd=REPO,
                                capture_output=True, text=True)
         assert child.returncode == 1 and f"(PID {os.getpid()})" in child.stderr
@@ -106,11 +107,13 @@ def test_an_atomic_file_reaches_the_disk_before_it_replaces_the_old_one(tmp_path
 
     def fsync(fd):
         info = os.fstat(fd)
-        calls.append("fsync folder" if stat.S_ISDIR(info.st_mode) else f"fsync {info.st_size} bytes")
+        calls.append("fsync folder" if stat.S_ISDIR(info.st_mode)
+                     else f"fsync {info.st_size} bytes")
         real_fsync(fd)
 
     monkeypatch.setattr(atomic.os, "fsync", fsync)
-    monkeypatch.setattr(atomic.os, "replace", lambda a, b: (calls.append("replace"), real_replace(a, b)))
+    monkeypatch.setattr(atomic.os, "replace",
+                        lambda a, b: (calls.append("replace"), real_replace(a, b)))
     write_text_atomic(tmp_path / "summary.json", "{}")
     assert calls == ["fsync 2 bytes", "replace", "fsync folder"]
     assert (tmp_path / "summary.json").read_text() == "{}"
@@ -120,14 +123,16 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_whole(tmp_path):
     """No handler runs on a SIGKILL: the old file stays as it was, beside the temporary one."""
     target = tmp_path / "ckpt.pt"
     target.write_text("old")
-    writer = ("import sys, time\nfrom atomic import atomic_file\nwith atomic_file(sys.argv[1]) as f:\n"
+    writer = ("import sys, time\nfrom atomic import atomic_file\n"
+              "with atomic_file(sys.argv[1]) as f:\n"
               "    f.write('half'); f.flush(); print('writing', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", writer, str(target)], cwd=REPO, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(target)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "writing\n"
     finally:
         proc.kill()
         proc.wait()
         proc.stdout.close()
-    assert target.read_text() == "old" and (tmp_path / f"ckpt.pt.{proc.pid}.tmp").read_text() == "half"
+    assert (target.read_text() == "old"
+            and (tmp_path / f"ckpt.pt.{proc.pid}.tmp").read_text() == "half")

@@ -26,9 +26,10 @@ def torchrun(tmp_path, config, nproc=2):
     """Run train.py under torchrun with `config` as --key=value overrides; return its stdout."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     args = [f"--{k}={v!r}" for k, v in config.items()]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(REPO / "train.py"), *args]
-    result = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", str(REPO / "train.py"), *args]
+    result = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+                            timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
 
@@ -59,7 +60,8 @@ def fsdp_run(tmp_path_factory, data_dir):
 def test_fsdp_equals_single_process(fsdp_run, tmp_path, data_dir):
     T.train(tiny(tmp_path, data_dir, **COMMON), verbose=False)
     single = tmp_path / "out"
-    # float tolerance: the shards reduce-scatter the gradients in another order than one process sums them
+    # float tolerance: the shards reduce-scatter the gradients in another order than one process
+    # sums them
     assert_same_params(params(fsdp_run), params(single), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(train_losses(fsdp_run), train_losses(single), rtol=1e-5, atol=0)
     summary = json.loads((fsdp_run / "summary.json").read_text())
@@ -73,8 +75,10 @@ def test_fsdp_equals_single_process(fsdp_run, tmp_path, data_dir):
 
 def test_fsdp_writes_sharded_folder_and_consolidated_export(fsdp_run):
     folder = fsdp_run / SHARDED_NAME
-    assert (folder / ".metadata").is_file() and len(list(folder.glob("*.distcp"))) == 2  # one shard file per rank
-    assert not (fsdp_run / (SHARDED_NAME + ".tmp")).exists() and not (fsdp_run / (SHARDED_NAME + ".old")).exists()
+    # one shard file per rank
+    assert (folder / ".metadata").is_file() and len(list(folder.glob("*.distcp"))) == 2
+    assert (not (fsdp_run / (SHARDED_NAME + ".tmp")).exists()
+            and not (fsdp_run / (SHARDED_NAME + ".old")).exists())
     state = torch.load(folder / TRAIN_STATE_NAME, weights_only=True)
     assert state["iter_num"] == 3 and len(state["rng"]["torch"]) == 2  # both ranks' dropout streams
     ckpt = load_checkpoint(fsdp_run)
@@ -92,20 +96,22 @@ def test_sample_py_reads_the_fsdp_export(fsdp_run, capsys):
     model, tokenizer, info = load_model_and_tokenizer("resume", fsdp_run)
     assert info["iter_num"] == 3
     start = tokenizer.decode([1, 2])  # two characters of the tiny vocabulary
-    assert sample.main([f"--out_dir={fsdp_run}", "--device=cpu", "--num_samples=1", "--max_new_tokens=20",
-                        f"--start={start}", "--seed=1"]) == 0
+    assert sample.main([f"--out_dir={fsdp_run}", "--device=cpu", "--num_samples=1",
+                        "--max_new_tokens=20", f"--start={start}", "--seed=1"]) == 0
     assert start in capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_fsdp_resume_is_exact(tmp_path, data_dir):
-    """8 iterations straight == 4, then a resume from the sharded checkpoint for 4 more, with dropout
-    (per-rank RNG streams) and gradient accumulation (2 micro-steps per process)."""
-    common = dict(max_iters=8, eval_interval=4, gradient_accumulation_steps=4, dropout=0.1, parallelism="fsdp")
+    """8 iterations straight == 4, then a resume from the sharded checkpoint for 4 more, with
+    dropout (per-rank RNG streams) and gradient accumulation (2 micro-steps per process)."""
+    common = dict(max_iters=8, eval_interval=4, gradient_accumulation_steps=4, dropout=0.1,
+                  parallelism="fsdp")
     torchrun(tmp_path / "straight", tiny(tmp_path / "straight", data_dir, **common))
     torchrun(tmp_path / "split", tiny(tmp_path / "split", data_dir, **{**common, "max_iters": 4}))
     assert load_checkpoint(tmp_path / "split" / "out")["iter_num"] == 4
-    stdout = torchrun(tmp_path / "split", tiny(tmp_path / "split", data_dir, **common, init_from="resume"))
+    stdout = torchrun(tmp_path / "split",
+                      tiny(tmp_path / "split", data_dir, **common, init_from="resume"))
     assert "resuming" in stdout and "at iteration 4" in stdout
     straight, split = tmp_path / "straight" / "out", tmp_path / "split" / "out"
     assert_same_params(params(straight), params(split))
@@ -113,17 +119,21 @@ def test_fsdp_resume_is_exact(tmp_path, data_dir):
 
 
 def test_fsdp_export_is_not_a_ddp_resume_point(fsdp_run):
-    with pytest.raises(T.CheckpointError, match="is an FSDP run's export: resume it with parallelism='fsdp'"):
+    with pytest.raises(T.CheckpointError,
+                       match="is an FSDP run's export: resume it with parallelism='fsdp'"):
         T.load_resume_checkpoint(fsdp_run, load_checkpoint(fsdp_run)["model_args"])
 
 
 def test_a_ddp_checkpoint_is_not_an_fsdp_resume_point(tmp_path, data_dir):
-    T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)  # one process: ckpt.pt with the optimizer
+    # one process: ckpt.pt with the optimizer
+    T.train(tiny(tmp_path, data_dir, max_iters=2), verbose=False)
     with pytest.raises(T.CheckpointError, match="no sharded checkpoint at .*parallelism='ddp'"):
-        T.load_resume_checkpoint(tmp_path / "out", load_checkpoint(tmp_path / "out")["model_args"], sharded=True)
+        T.load_resume_checkpoint(tmp_path / "out", load_checkpoint(tmp_path / "out")["model_args"],
+                                 sharded=True)
 
 
-# train.py under FSDP where, after its 2nd optimizer step, one AdamW moment of rank 1's shard only is inf
+# train.py under FSDP where, after its 2nd optimizer step, one AdamW moment of rank 1's shard only
+# is inf
 INF_ON_RANK_1 = """
 import os, runpy, sys, torch
 real_step = torch.optim.AdamW.step
@@ -146,12 +156,16 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @pytest.mark.slow
 def test_an_inf_in_one_ranks_shard_stops_every_rank_before_the_save(tmp_path, data_dir):
     (tmp_path / "inf_on_rank_1.py").write_text(INF_ON_RANK_1)
-    config = tiny(tmp_path, data_dir, max_iters=4, eval_interval=2, gradient_accumulation_steps=2, parallelism="fsdp")
+    config = tiny(tmp_path, data_dir, max_iters=4, eval_interval=2, gradient_accumulation_steps=2,
+                  parallelism="fsdp")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(tmp_path / "inf_on_rank_1.py"), str(REPO / "train.py"), *[f"--{k}={v!r}" for k, v in config.items()]]
-    result = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+           str(tmp_path / "inf_on_rank_1.py"), str(REPO / "train.py"),
+           *[f"--{k}={v!r}" for k, v in config.items()]]
+    result = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+                            timeout=240)
     assert result.returncode != 0
-    assert result.stderr.count("holds NaN or inf values (not saving the") == 1, result.stderr[-3000:]  # rank 0
+    assert result.stderr.count("holds NaN or inf values (not saving the") == 1, \
+        result.stderr[-3000:]  # rank 0
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["stop_reason"] == "diverged"
     assert not (tmp_path / "out" / SHARDED_NAME).exists()  # no checkpoint of the diverged state
 
@@ -166,7 +180,8 @@ def test_fsdp_config_errors():
 
 
 def test_activation_checkpointing_changes_no_number(tmp_path, data_dir):
-    """Recomputing each block in backward (with dropout: the same masks) gives the same losses and weights."""
+    """Recomputing each block in backward (with dropout: the same masks) gives the same losses and
+    weights."""
     common = dict(max_iters=3, eval_interval=3, dropout=0.1, gradient_accumulation_steps=2)
     T.train(tiny(tmp_path / "plain", data_dir, **common), verbose=False)
     T.train(tiny(tmp_path / "ac", data_dir, **common, activation_checkpointing=True), verbose=False)
@@ -176,15 +191,16 @@ def test_activation_checkpointing_changes_no_number(tmp_path, data_dir):
 
 
 @pytest.mark.parametrize("shape", [pytest.param(LLAMA, id="standard"),
-                                   pytest.param(dict(WIDE_HEAD, attention="efficient"), id="efficient-wide-head")])
+                                   pytest.param(dict(WIDE_HEAD, attention="efficient"),
+                                                id="efficient-wide-head")])
 @pytest.mark.slow
 def test_llama_shape_with_activation_checkpointing_under_fsdp_equals_single_process(
         shape, tmp_path, data_dir):
     """RMSNorm, RoPE, SwiGLU and an untied head (two embedding-sized parameters in the root unit),
-    sharded over 2 processes with activation checkpointing, against one plain process; also the paper's
-    1B model in small, whose one wide head goes through attention_by_matmuls."""
-    torchrun(tmp_path / "fsdp", tiny(tmp_path / "fsdp", data_dir, **COMMON, **shape, parallelism="fsdp",
-                                     activation_checkpointing=True))
+    sharded over 2 processes with activation checkpointing, against one plain process; also the
+    paper's 1B model in small, whose one wide head goes through attention_by_matmuls."""
+    torchrun(tmp_path / "fsdp", tiny(tmp_path / "fsdp", data_dir, **COMMON, **shape,
+                                     parallelism="fsdp", activation_checkpointing=True))
     T.train(tiny(tmp_path / "single", data_dir, **COMMON, **shape), verbose=False)
     fsdp, single = tmp_path / "fsdp" / "out", tmp_path / "single" / "out"
     assert "lm_head.weight" in params(fsdp) and "transformer.wpe.weight" not in params(fsdp)
@@ -192,7 +208,8 @@ def test_llama_shape_with_activation_checkpointing_under_fsdp_equals_single_proc
     torch.testing.assert_close(train_losses(fsdp), train_losses(single), rtol=1e-5, atol=0)
 
 
-def test_fsdp_bf16_mixed_precision_keeps_fp32_weights(tmp_path, data_dir, one_process_group, monkeypatch):
+def test_fsdp_bf16_mixed_precision_keeps_fp32_weights(tmp_path, data_dir, one_process_group,
+                                                      monkeypatch):
     import torch.distributed.fsdp as fsdp
 
     real_fully_shard, policies = fsdp.fully_shard, []
@@ -202,22 +219,25 @@ def test_fsdp_bf16_mixed_precision_keeps_fp32_weights(tmp_path, data_dir, one_pr
         return real_fully_shard(module, **options)
 
     monkeypatch.setattr(fsdp, "fully_shard", fully_shard)
-    summary = T.train(tiny(tmp_path / "bf16", data_dir, **COMMON, parallelism="fsdp", dtype="bfloat16"),
-                      verbose=False)
-    reference = T.train(tiny(tmp_path / "fp32", data_dir, **COMMON, parallelism="fsdp"), verbose=False)
+    summary = T.train(tiny(tmp_path / "bf16", data_dir, **COMMON, parallelism="fsdp",
+                           dtype="bfloat16"), verbose=False)
+    reference = T.train(tiny(tmp_path / "fp32", data_dir, **COMMON, parallelism="fsdp"),
+                        verbose=False)
     assert summary["dtype"] == "bfloat16"
     exported = params(tmp_path / "bf16" / "out")
-    assert all(v.dtype == torch.float32 for v in exported.values())  # the sharded master weights stay fp32
+    # the sharded master weights stay fp32
+    assert all(v.dtype == torch.float32 for v in exported.values())
     # bf16 forward and backward, fp32 reduction and update: close to fp32, not equal to it
     assert summary["final_val_loss"] == pytest.approx(reference["final_val_loss"], rel=2e-2)
     assert summary["final_val_loss"] != reference["final_val_loss"]
     bf16 = [policy for policy in policies if policy.param_dtype == torch.bfloat16]
-    assert len(bf16) == 3 and all(policy.reduce_dtype == torch.float32 for policy in bf16)  # 2 blocks and the root
+    # 2 blocks and the root
+    assert len(bf16) == 3 and all(policy.reduce_dtype == torch.float32 for policy in bf16)
 
 
 def test_fsdp_compiles_each_block(tmp_path, data_dir, one_process_group, monkeypatch):
-    """compile=True under FSDP compiles every Block in place (the eager backend: no C++ compiler), and
-    the export keeps plain state_dict keys."""
+    """compile=True under FSDP compiles every Block in place (the eager backend: no C++ compiler),
+    and the export keeps plain state_dict keys."""
     real_compile, compiled = torch.compile, []
 
     def eager_compile(fn, **kwargs):
@@ -225,7 +245,8 @@ def test_fsdp_compiles_each_block(tmp_path, data_dir, one_process_group, monkeyp
         return real_compile(fn, backend="eager")
 
     monkeypatch.setattr(torch, "compile", eager_compile)
-    T.train(tiny(tmp_path, data_dir, max_iters=2, eval_interval=2, parallelism="fsdp", compile=True), verbose=False)
+    T.train(tiny(tmp_path, data_dir, max_iters=2, eval_interval=2, parallelism="fsdp",
+                 compile=True), verbose=False)
     assert len(compiled) == 2  # n_layer blocks, not the whole model
     keys = params(tmp_path / "out").keys()
     assert not any("_orig_mod" in k for k in keys)
@@ -241,7 +262,8 @@ def test_activation_checkpointing_recomputes_each_block_in_backward():
             checkpoint_activations(model)
         calls = []
         for block in model.transformer.h:
-            # a pre-hook: the recomputation stops early, once it has what backward needs, so post-hooks may not run
+            # a pre-hook: the recomputation stops early, once it has what backward needs, so
+            # post-hooks may not run
             block.attn.register_forward_pre_hook(lambda *args: calls.append(1))
         x = torch.randint(11, (2, 8))
         _, loss = model(x, x)
@@ -253,19 +275,24 @@ def test_activation_checkpointing_recomputes_each_block_in_backward():
     plain_calls, plain_loss = attention_calls(False)
     assert plain_calls == 2 + 2  # training forward and evaluation forward, two blocks each
     calls, loss = attention_calls(True)
-    assert calls == 2 + 2 + 2 and loss == plain_loss  # once more per block, in backward; the same loss
+    # once more per block, in backward; the same loss
+    assert calls == 2 + 2 + 2 and loss == plain_loss
 
 
-def test_fsdp_resumes_on_another_number_of_processes(fsdp_run, tmp_path, data_dir, one_process_group):
-    """The shards of 2 processes load into 1 (torch.distributed.checkpoint reshards): its 4th step is the
-    one a single process takes after the same 3, AdamW moments included."""
+def test_fsdp_resumes_on_another_number_of_processes(fsdp_run, tmp_path, data_dir,
+                                                     one_process_group):
+    """The shards of 2 processes load into 1 (torch.distributed.checkpoint reshards): its 4th step
+    is the one a single process takes after the same 3, AdamW moments included."""
     shutil.copytree(fsdp_run, tmp_path / "out")
-    summary = T.train(tiny(tmp_path, data_dir, **{**COMMON, "max_iters": 4}, parallelism="fsdp", init_from="resume"),
-                      verbose=False)
-    assert summary["iterations"] == 4 and summary["iterations_this_run"] == 1 and summary["world_size"] == 1
+    summary = T.train(tiny(tmp_path, data_dir, **{**COMMON, "max_iters": 4}, parallelism="fsdp",
+                           init_from="resume"), verbose=False)
+    assert (summary["iterations"] == 4 and summary["iterations_this_run"] == 1
+            and summary["world_size"] == 1)
     assert load_checkpoint(tmp_path / "out")["iter_num"] == 4
     straight = tmp_path / "straight"
-    T.train(tiny(straight, data_dir, **{**COMMON, "max_iters": 4}, parallelism="fsdp"), verbose=False)
+    T.train(tiny(straight, data_dir, **{**COMMON, "max_iters": 4}, parallelism="fsdp"),
+            verbose=False)
     # float tolerance, as for 2 processes against 1: their reduce-scatter sums in another order
     assert_same_params(params(tmp_path / "out"), params(straight / "out"), rtol=1e-5, atol=1e-6)
-    assert train_losses(tmp_path / "out")[-1] == pytest.approx(train_losses(straight / "out")[-1], rel=1e-5)
+    assert train_losses(tmp_path / "out")[-1] == pytest.approx(train_losses(straight / "out")[-1],
+                                                               rel=1e-5)

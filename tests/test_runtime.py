@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import runtime
-from runtime import (CpuThreads, StopSignals, autocast_context, gpu_peak_flops, peak_flops, peak_memory_bytes,
-                     resolve_device, resolve_dtype, run_script, sigterm_as_ctrl_c)
+from runtime import (CpuThreads, StopSignals, autocast_context, gpu_peak_flops, peak_flops,
+                     peak_memory_bytes, resolve_device, resolve_dtype, run_script,
+                     sigterm_as_ctrl_c)
 
 
 @pytest.mark.parametrize("name, flops", [
@@ -57,33 +58,38 @@ def test_mps_where_it_is_not_available_is_refused(monkeypatch):
 
 
 def test_auto_dtype_on_a_gpu_is_bfloat16_where_the_gpu_has_it(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # Ampere on
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: True)  # Ampere on
     assert resolve_dtype("auto", "cuda:0") == "bfloat16"
     # V100 / T4: torch emulates bf16 there (slowly) and says so only when emulation is left out
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: including_emulation)
     assert resolve_dtype("auto", "cuda") == "float16"
 
 
 def test_tests_see_a_machine_without_a_gpu_in_process_and_in_the_processes_they_start():
-    """conftest's view for every test outside test_gpu.py, so that their float32 CPU expectations hold on
-    a GPU machine too."""
+    """conftest's view for every test outside test_gpu.py, so that their float32 CPU expectations
+    hold on a GPU machine too."""
     assert resolve_device("auto") == "cpu"
-    started = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+    started = subprocess.run([sys.executable, "-c",
+                              "import torch; print(torch.cuda.is_available())"],
                              capture_output=True, text=True, check=True)
     assert started.stdout.strip() == "False"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
 def test_a_repeated_sigterm_still_saves_first_and_a_second_ctrl_c_stops_at_once():
-    """A scheduler may send SIGTERM again before the run has saved: that must not cut the save short. A
-    person pressing Ctrl-C twice wants out now."""
-    before = signal.getsignal(signal.SIGINT)  # SIG_IGN, not Python's handler, in a job a shell started in the background
+    """A scheduler may send SIGTERM again before the run has saved: that must not cut the save
+    short. A person pressing Ctrl-C twice wants out now."""
+    # SIG_IGN, not Python's handler, in a job a shell started in the background
+    before = signal.getsignal(signal.SIGINT)
     with StopSignals() as signals:
         try:
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)
         except KeyboardInterrupt:
-            pytest.fail("the second SIGTERM raised KeyboardInterrupt: the run would stop before it saves")
+            pytest.fail("the second SIGTERM raised KeyboardInterrupt: "
+                        "the run would stop before it saves")
         assert signals.received == "SIGTERM"
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
@@ -98,8 +104,8 @@ def test_sigterm_is_a_ctrl_c_inside_sigterm_as_ctrl_c_and_only_there():
 
 
 @pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
-def test_a_script_exits_with_mains_status_and_a_ctrl_c_is_one_line_and_130(rank, said, monkeypatch,
-                                                                             capsys):
+def test_a_script_exits_with_mains_status_and_a_ctrl_c_is_one_line_and_130(rank, said,
+                                                                             monkeypatch, capsys):
     """A Ctrl-C reaches every process torchrun started: one line for the run, from rank 0."""
     with pytest.raises(SystemExit) as exit:
         run_script(lambda: 3, "stopped by Ctrl-C")
@@ -128,19 +134,22 @@ def two_gpus(monkeypatch):
     """What torch reports on a machine with two GPUs (none is touched: the checks come first)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail(f"set_device({device}) reached"))
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda device: pytest.fail(f"set_device({device}) reached"))
 
 
 def test_a_gpu_index_beyond_the_gpus_is_refused_before_it_is_used(two_gpus):
     assert resolve_device("cuda:1") == "cuda:1"
-    with pytest.raises(ValueError, match=r"device='cuda:2': torch sees 2 GPUs here, cuda:0 to cuda:1"):
+    with pytest.raises(ValueError,
+                       match=r"device='cuda:2': torch sees 2 GPUs here, cuda:0 to cuda:1"):
         resolve_device("cuda:2")
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from Linux's /proc")
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"),
+                    reason="reads the resident size from Linux's /proc")
 def test_the_peak_memory_on_a_cpu_is_in_bytes():
-    """About what the process holds now, or more (ru_maxrss is in KiB on Linux, bytes on macOS); the kernel's
-    counters of the two lag each other by a few pages."""
+    """About what the process holds now, or more (ru_maxrss is in KiB on Linux, bytes on macOS); the
+    kernel's counters of the two lag each other by a few pages."""
     with open("/proc/self/statm") as f:
         resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     assert peak_memory_bytes("cpu") > resident / 2
@@ -156,7 +165,8 @@ def test_the_load_counts_neither_idle_nor_iowait_time_as_busy(monkeypatch):
     assert idle == first < busy
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="the adaptive thread count reads Linux's /proc/stat")
+@pytest.mark.skipif(not os.path.exists("/proc/stat"),
+                    reason="the adaptive thread count reads Linux's /proc/stat")
 def test_cpu_threads_read_the_load_at_most_once_per_interval(monkeypatch):
     readings = []
 
