@@ -23,8 +23,10 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import generate
-from tokenizer import GPT2_VOCAB_SIZE
+try:  # a package: the copy in a folder export_hf.py wrote, as transformers imports it
+    from . import generate
+except ImportError:
+    import generate
 
 
 @dataclass
@@ -419,16 +421,17 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
         """OpenAI's GPT-2 weights through Hugging Face `transformers` (standard attention only).
-        model_type: one of PRETRAINED_GPT2, or a folder GPT2LMHeadModel.save_pretrained wrote."""
+        model_type: one of PRETRAINED_GPT2, or a GPT-2 or Llama folder (save_pretrained's)."""
         override_args = dict(override_args or {})
         check_pretrained_attention(override_args.pop("attention", "standard"))
         assert set(override_args) <= {"dropout"}, "only dropout can be overridden"
         if model_type not in PRETRAINED_GPT2 and not os.path.isdir(model_type):
             raise ValueError(f"unknown pretrained model {model_type!r}; choose one of "
-                             f"{', '.join(PRETRAINED_GPT2)} or a Hugging Face GPT-2 folder")
+                             f"{', '.join(PRETRAINED_GPT2)} or a Hugging Face GPT-2 or Llama "
+                             f"folder")
         try:
-            from transformers import GPT2LMHeadModel
-            hf_model = GPT2LMHeadModel.from_pretrained(model_type)
+            from transformers import AutoModelForCausalLM
+            hf_model = AutoModelForCausalLM.from_pretrained(model_type)
         except ImportError as e:
             raise PretrainedUnavailableError("GPT-2 weights need: pip install transformers") from e
         except OSError as e:
@@ -436,6 +439,12 @@ class GPT(nn.Module):
                 f"could not load {model_type!r} weights: they download from the Hugging Face hub "
                 f"on first use, so a network is needed once (or set HF_HOME to a cache that holds "
                 f"them; offline, HF_HUB_OFFLINE=1 skips the hub's retries). Cause: {e}") from e
+        if hf_model.config.model_type == "llama":  # its weight names are in export_hf.py
+            from export_hf import gpt_from_llama
+            return gpt_from_llama(hf_model, override_args)
+        if hf_model.config.model_type != "gpt2":
+            raise ValueError(f"{model_type} is a {hf_model.config.model_type} model, not GPT-2 "
+                             f"or Llama: load its checkpoint instead")
         model = cls(gpt2_config(hf_model.config, model_type, override_args))
         # HF's GPT-2 stores these Linear weights as Conv1D, i.e. transposed
         transposed = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
@@ -500,20 +509,22 @@ def check_pretrained_attention(attention):
 def gpt2_config(hf, model_type, override_args):
     """Our GPTConfig for a Hugging Face GPT2Config, or a ValueError naming a setting of it that
     this model does not compute (weights that load but compute something else)."""
-    supported = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"),
+    supported = {"activation_function": ("gelu_new", "gelu_pytorch_tanh", "gelu"),
                  "layer_norm_epsilon": (1e-5,), "scale_attn_weights": (True,),
                  "scale_attn_by_inverse_layer_idx": (False,)}
     for name, choices in supported.items():
         if getattr(hf, name, choices[0]) not in choices:
             raise ValueError(f"{model_type}: its {name}={getattr(hf, name)!r} is not GPT-2's")
     return GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer,
-                     n_head=hf.n_head, n_embd=hf.n_embd, bias=True, gelu_approximate="tanh",
-                     intermediate_size=hf.n_inner or 0,
+                     n_head=hf.n_head, n_embd=hf.n_embd, bias=True,
+                     intermediate_size=hf.n_inner or 0, gelu_approximate="none"
+                     if getattr(hf, "activation_function", "gelu_new") == "gelu" else "tanh",
                      tie_embeddings=getattr(hf, "tie_word_embeddings", True), **override_args)
 
 
 def published_gpt2_config(model_type):
     """The GPTConfig that from_pretrained(model_type) builds, known before the download."""
+    from tokenizer import GPT2_VOCAB_SIZE  # here: the copy in an exported folder has no tokenizer
     n_layer, n_head, n_embd = GPT2_SHAPES[model_type]
     hub_config = SimpleNamespace(n_positions=GPT2_CONTEXT, vocab_size=GPT2_VOCAB_SIZE,
                                  n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_inner=None)
