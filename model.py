@@ -431,7 +431,7 @@ class GPT(nn.Module):
                              f"folder")
         try:
             from transformers import AutoModelForCausalLM
-            hf_model = AutoModelForCausalLM.from_pretrained(model_type)
+            hf_model = AutoModelForCausalLM.from_pretrained(model_type, trust_remote_code=False)
         except ImportError as e:
             raise PretrainedUnavailableError("GPT-2 weights need: pip install transformers") from e
         except OSError as e:

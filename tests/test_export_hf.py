@@ -167,6 +167,13 @@ def test_gpt2_and_llama_folders_load_back_into_gpt(case, exported):
     assert relative_error(repo_logits(model, idx), repo_logits(imported, idx)) < 1e-6
 
 
+def test_a_remote_code_folder_does_not_load_into_gpt_unasked(exported):
+    """GPT.from_pretrained never runs a folder's own code (nor asks whether to, on a terminal)."""
+    _, _, folder = exported("efficient-gpt2", torch.float32)
+    with pytest.raises(ValueError, match="custom code"):
+        GPT.from_pretrained(str(folder))
+
+
 def test_remote_code_folder_runs_without_this_repo(exported, tmp_path):
     """The folder carries its own model.py and generate.py: transformers loads it from a process
     whose path holds no copy of the repo."""
