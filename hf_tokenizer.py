@@ -11,7 +11,8 @@ token; as in every GPT-2 tokenizer of transformers, the literal text "<|endoftex
 encode_ordinary, holds its 7 text tokens.
 
 Character level: one id per character of meta["chars"]. A character outside the table encodes
-to <unk>, id vocab_size, which the model has no embedding for: it fails, never drops the character.
+to <unk>, id vocab_size, which the model has no embedding for (unless a config set a larger
+vocab_size): it fails, never drops the character.
 """
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
