@@ -438,7 +438,8 @@ class GPT(nn.Module):
             raise PretrainedUnavailableError(
                 f"could not load {model_type!r} weights: they download from the Hugging Face hub "
                 f"on first use, so a network is needed once (or set HF_HOME to a cache that holds "
-                f"them; offline, HF_HUB_OFFLINE=1 skips the hub's retries). Cause: {e}") from e
+                f"them; offline, HF_HUB_OFFLINE=1 skips the hub's retries). Cause: "
+                f"{str(e).splitlines()[0]}") from e
         if hf_model.config.model_type == "llama":  # its weight names are in export_hf.py
             from export_hf import gpt_from_llama
             return gpt_from_llama(hf_model, override_args)

@@ -635,8 +635,8 @@ def small_gpt2(monkeypatch):
     torch.manual_seed(0)
     hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=32,
                                                                     n_layer=2, n_head=2))
-    monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained",
-                        classmethod(lambda cls, name: hf_model))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        classmethod(lambda cls, name, **options: hf_model))
 
 
 def test_gpt2_fine_tuning_at_a_constant_rate_keeps_the_best_and_resumes(tmp_path, small_gpt2):
@@ -668,9 +668,10 @@ def test_gpt2_fine_tuning_at_a_constant_rate_keeps_the_best_and_resumes(tmp_path
 def test_gpt2_weights_out_of_reach_are_one_error_line(tmp_path, monkeypatch, capsys):
     transformers = pytest.importorskip("transformers", reason="GPT-2 weights need transformers")
 
-    def offline(cls, name):  # what the hub raises with no network and no cached copy
-        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load {name}")
-    monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", classmethod(offline))
+    def offline(cls, name, **options):  # what the hub raises with no network and no cached copy
+        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load {name}.\n"
+                      f"Check your connection.")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(offline))
     main_fails(capsys, tiny(tmp_path, gpt2_data(tmp_path), init_from="gpt2"),
                "could not load 'gpt2' weights: they download from the Hugging Face hub",
                "couldn't connect")
