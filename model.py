@@ -17,7 +17,6 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -490,10 +489,8 @@ class GPT(nn.Module):
                                  compile)
 
 
-# GPT-2's published weights: OpenAI's four sizes as (n_layer, n_head, n_embd), context 1024
-GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024),
-               "gpt2-large": (36, 20, 1280), "gpt2-xl": (48, 25, 1600)}
-PRETRAINED_GPT2 = tuple(GPT2_SHAPES)
+# GPT-2's published weights: OpenAI's four sizes, each with a context of 1024 tokens
+PRETRAINED_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 GPT2_CONTEXT = 1024
 
 
@@ -521,12 +518,3 @@ def gpt2_config(hf, model_type, override_args):
                      intermediate_size=hf.n_inner or 0, gelu_approximate="none"
                      if getattr(hf, "activation_function", "gelu_new") == "gelu" else "tanh",
                      tie_embeddings=getattr(hf, "tie_word_embeddings", True), **override_args)
-
-
-def published_gpt2_config(model_type):
-    """The GPTConfig that from_pretrained(model_type) builds, known before the download."""
-    from tokenizer import GPT2_VOCAB_SIZE  # here: the copy in an exported folder has no tokenizer
-    n_layer, n_head, n_embd = GPT2_SHAPES[model_type]
-    hub_config = SimpleNamespace(n_positions=GPT2_CONTEXT, vocab_size=GPT2_VOCAB_SIZE,
-                                 n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_inner=None)
-    return gpt2_config(hub_config, model_type, {})
