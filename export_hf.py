@@ -22,13 +22,11 @@ from pathlib import Path
 import torch
 
 from checkpoint import CheckpointError, checkpoint_meta, load_checkpoint, load_weights
-from model import GPT, GPTConfig
+from model import CONV1D_WEIGHTS, GPT, GPTConfig
 from runtime import run_script
 
 REPO = Path(__file__).resolve().parent
 REMOTE_CODE = ("hf_model.py", "model.py", "generate.py")  # what a trust_remote_code folder runs
-# HF's GPT-2 stores these Linear weights as Conv1D, i.e. transposed
-CONV1D_WEIGHTS = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
 # Llama's weights that each of ours stacks, row blocks in this order; RoPE needs no permutation:
 # model.apply_rotary turns the same pairs (m, m + d_k / 2) as HF's rotate_half
 LLAMA_LAYER = {"ln_1.weight": ["input_layernorm"], "ln_2.weight": ["post_attention_layernorm"],

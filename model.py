@@ -446,9 +446,7 @@ class GPT(nn.Module):
             raise ValueError(f"{model_type} is a {hf_model.config.model_type} model, not GPT-2 "
                              f"or Llama: load its checkpoint instead")
         model = cls(gpt2_config(hf_model.config, model_type, override_args))
-        # HF's GPT-2 stores these Linear weights as Conv1D, i.e. transposed
-        transposed = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
-        model.load_state_dict({k: v.t() if k.endswith(transposed) else v
+        model.load_state_dict({k: v.t() if k.endswith(CONV1D_WEIGHTS) else v
                                for k, v in hf_model.state_dict().items()
                                if not k.endswith((".attn.masked_bias", ".attn.bias"))})  # masks
         return model
@@ -492,6 +490,8 @@ class GPT(nn.Module):
 # GPT-2's published weights: OpenAI's four sizes, each with a context of 1024 tokens
 PRETRAINED_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 GPT2_CONTEXT = 1024
+# HF's GPT-2 stores these Linear weights as Conv1D, i.e. transposed
+CONV1D_WEIGHTS = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
 
 
 class PretrainedUnavailableError(RuntimeError):
